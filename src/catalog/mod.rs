@@ -1,0 +1,130 @@
+//! Connecting to an Iceberg catalog (SQLite/PostgreSQL SQL catalogs, REST catalogs such as
+//! Basin Catalog) with the storage its tables live on, and writing the demo lake.
+
+pub mod demo;
+mod rest;
+mod sql;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use iceberg::Catalog;
+use iceberg::io::StorageFactory;
+use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
+
+use crate::config::{ServeConfig, redact_uri};
+use crate::error::StartResult;
+
+/// A connected catalog and how to describe it (never with a secret in the description).
+pub struct Connection {
+    pub catalog: Arc<dyn Catalog>,
+    /// `sqlite`, `postgres` or `rest`.
+    pub kind: &'static str,
+    /// Where it is, for the startup line and `GET /`.
+    pub location: String,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Connection({} at {})", self.kind, self.location)
+    }
+}
+
+/// The embedded default: a SQLite catalog and a local warehouse under `./lake`.
+pub fn default_lake_dir() -> PathBuf {
+    PathBuf::from("lake")
+}
+
+/// Connects to the configured catalog. With no catalog configured, serves `./lake`, writing a
+/// demo lake there first if it does not exist yet.
+pub async fn connect(cfg: &ServeConfig) -> StartResult<Connection> {
+    match cfg.catalog_uri.as_deref() {
+        None => {
+            let dir = default_lake_dir();
+            let db = dir.join("catalog.db");
+            if !db.exists() {
+                eprintln!(
+                    "skiff: no catalog configured and no lake at {}: writing a demo lake there (see `skiff demo --help`)",
+                    dir.display()
+                );
+                demo::write(&dir, demo::DEFAULT_EVENTS).await?;
+            }
+            let db = std::fs::canonicalize(&db)?;
+            let warehouse = std::fs::canonicalize(dir.join("warehouse"))?;
+            let uri = format!("sqlite://{}", db.display());
+            sql::connect(
+                &uri,
+                &file_url(&warehouse),
+                cfg.catalog_name.as_deref(),
+                storage_props(cfg),
+            )
+            .await
+        }
+        Some(uri) if uri.starts_with("http://") || uri.starts_with("https://") => {
+            rest::connect(
+                uri,
+                cfg.warehouse.as_deref(),
+                cfg.catalog_token(),
+                storage_props(cfg),
+            )
+            .await
+        }
+        Some(uri) => {
+            let warehouse = cfg.warehouse.as_deref().unwrap_or_default();
+            sql::connect(
+                uri,
+                &warehouse_url(warehouse)?,
+                cfg.catalog_name.as_deref(),
+                storage_props(cfg),
+            )
+            .await
+        }
+    }
+}
+
+/// Storage properties for `s3://` warehouses configured statically. A REST catalog's vended
+/// credentials arrive per table and need none of these.
+fn storage_props(cfg: &ServeConfig) -> HashMap<String, String> {
+    use iceberg::io::{
+        S3_ACCESS_KEY_ID, S3_ENDPOINT, S3_PATH_STYLE_ACCESS, S3_REGION, S3_SECRET_ACCESS_KEY,
+    };
+    let mut p = HashMap::new();
+    let mut put = |k: &str, v: &Option<String>| {
+        if let Some(v) = v {
+            p.insert(k.to_string(), v.clone());
+        }
+    };
+    put(S3_ENDPOINT, &cfg.s3_endpoint);
+    put(S3_REGION, &cfg.s3_region);
+    put(S3_ACCESS_KEY_ID, &cfg.s3_access_key_id);
+    put(S3_SECRET_ACCESS_KEY, &cfg.s3_secret_access_key);
+    if cfg.s3_path_style {
+        p.insert(S3_PATH_STYLE_ACCESS.to_string(), "true".to_string());
+    }
+    p
+}
+
+/// One storage factory for every scheme a table location can use (file, s3).
+pub fn storage_factory() -> Arc<dyn StorageFactory> {
+    Arc::new(OpenDalResolvingStorageFactory::new())
+}
+
+/// A warehouse given as a path or URL, as a URL.
+fn warehouse_url(w: &str) -> std::io::Result<String> {
+    if w.contains("://") {
+        return Ok(w.trim_end_matches('/').to_string());
+    }
+    let p = Path::new(w);
+    std::fs::create_dir_all(p)?;
+    Ok(file_url(&std::fs::canonicalize(p)?))
+}
+
+pub fn file_url(p: &Path) -> String {
+    format!("file://{}", p.display())
+}
+
+/// Describes a catalog URI for humans, without credentials.
+fn describe(uri: &str) -> String {
+    redact_uri(uri)
+}

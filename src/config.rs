@@ -1,0 +1,233 @@
+//! Configuration: one struct, every flag with an environment variable, checked at start.
+//!
+//! The names here are a contract (scripts, the Worker and the Dockerfile set them), so they
+//! change only with care. Validation turns a bad value into a message the user can act on.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::lake::versions::PinnedVersions;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "skiff",
+    version,
+    about = "SQL over Apache Iceberg lakes: DataFusion, read-only, Basin SQL-compatible"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve SQL over HTTP (the default command).
+    Serve(Box<ServeConfig>),
+    /// Write a demo lake shaped like the one Cloudflare Pipelines writes.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// Folder for catalog.db and warehouse/ (created; an existing lake there is replaced).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Number of events to write across glass.events and glass.events_v2.
+    #[arg(long, default_value_t = 100_000)]
+    pub events: u64,
+}
+
+/// Everything `skiff serve` can be told. Defaults serve the embedded demo lake on localhost.
+#[derive(Debug, Clone, Args)]
+pub struct ServeConfig {
+    /// Iceberg catalog: `sqlite:///abs/catalog.db`, `sqlite://rel/catalog.db`, `postgres://…`,
+    /// or `http(s)://…` for an Iceberg REST catalog such as Basin Catalog.
+    /// Unset: `./lake/catalog.db`, written with a demo lake first if missing.
+    #[arg(long, env = "SKIFF_CATALOG_URI")]
+    pub catalog_uri: Option<String>,
+
+    /// Warehouse: `file:///…`, a plain path, `s3://bucket/prefix`, or a REST warehouse name
+    /// (Basin Catalog: `<ACCOUNT_ID>_<BUCKET>`). Unset with no catalog: `./lake/warehouse`.
+    #[arg(long, env = "SKIFF_WAREHOUSE")]
+    pub warehouse: Option<String>,
+
+    /// Catalog name in a SQL catalog (`catalog_name` column). Default: the only one present.
+    #[arg(long, env = "SKIFF_CATALOG_NAME")]
+    pub catalog_name: Option<String>,
+
+    /// Bearer token for a REST catalog (Basin Catalog: a Cloudflare API token).
+    /// Falls back to `CF_API_TOKEN`.
+    #[arg(long, env = "SKIFF_CATALOG_TOKEN", hide_env_values = true)]
+    pub catalog_token: Option<String>,
+
+    /// HTTP listen address.
+    #[arg(long, env = "SKIFF_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    pub http_addr: SocketAddr,
+
+    /// Client tokens; a comma-separated list allows rotation. Also read from `SKIFF_API_TOKEN`.
+    /// Unset: no auth (a warning is logged).
+    #[arg(long, env = "API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+
+    /// Pinned table versions, as the Worker lists them: `events=1,2;identities=1`.
+    /// Unset: versions are discovered from the catalog.
+    #[arg(long, env = "LAKE_VERSIONS")]
+    pub lake_versions: Option<String>,
+
+    /// How often the table list is re-read from the catalog (`30s`, `5m`).
+    #[arg(long, env = "SKIFF_REFRESH_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub refresh_interval: Duration,
+
+    /// S3-compatible endpoint for `s3://` warehouses (R2: `https://<ACCOUNT_ID>.r2.cloudflarestorage.com`).
+    #[arg(long, env = "SKIFF_S3_ENDPOINT")]
+    pub s3_endpoint: Option<String>,
+    /// S3 region (R2: `auto`).
+    #[arg(long, env = "SKIFF_S3_REGION")]
+    pub s3_region: Option<String>,
+    /// S3 access key id (REST catalogs usually vend credentials instead).
+    #[arg(long, env = "SKIFF_S3_ACCESS_KEY_ID", hide_env_values = true)]
+    pub s3_access_key_id: Option<String>,
+    /// S3 secret access key.
+    #[arg(long, env = "SKIFF_S3_SECRET_ACCESS_KEY", hide_env_values = true)]
+    pub s3_secret_access_key: Option<String>,
+    /// Use path-style S3 URLs (most local S3-compatible servers need it).
+    #[arg(long, env = "SKIFF_S3_PATH_STYLE", default_value_t = false)]
+    pub s3_path_style: bool,
+
+    /// Largest accepted request body, in bytes.
+    #[arg(long, env = "SKIFF_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Longest accepted SQL text, in bytes.
+    #[arg(long, env = "SKIFF_MAX_SQL_BYTES", default_value_t = 256 * 1024)]
+    pub max_sql_bytes: usize,
+
+    /// Log each query's SQL text (it may contain user data).
+    #[arg(long, env = "SKIFF_LOG_SQL", default_value_t = false)]
+    pub log_sql: bool,
+}
+
+impl ServeConfig {
+    /// The client tokens, from `--api-token`/`API_TOKEN`, else `SKIFF_API_TOKEN`.
+    pub fn api_tokens(&self) -> Vec<String> {
+        let raw = self
+            .api_token
+            .clone()
+            .or_else(|| std::env::var("SKIFF_API_TOKEN").ok())
+            .unwrap_or_default();
+        raw.split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(String::from)
+            .collect()
+    }
+
+    /// The REST catalog token, falling back to `CF_API_TOKEN` as Cloudflare deployments set it.
+    pub fn catalog_token(&self) -> Option<String> {
+        self.catalog_token
+            .clone()
+            .or_else(|| std::env::var("CF_API_TOKEN").ok())
+            .filter(|t| !t.is_empty())
+    }
+
+    /// Checks what clap cannot: values that parse but cannot work together.
+    pub fn validate(&self) -> Result<PinnedVersions, String> {
+        if let Some(uri) = &self.catalog_uri {
+            let ok = [
+                "sqlite:",
+                "postgres://",
+                "postgresql://",
+                "http://",
+                "https://",
+            ]
+            .iter()
+            .any(|p| uri.starts_with(p));
+            if !ok {
+                return Err(format!(
+                    "--catalog-uri must start with sqlite:, postgres://, http:// or https:// (got {:?})",
+                    redact_uri(uri)
+                ));
+            }
+            let is_sql = !uri.starts_with("http");
+            if is_sql && self.warehouse.is_none() {
+                return Err(
+                    "--warehouse is required with a SQL catalog (a path, file:///… or s3://…)"
+                        .into(),
+                );
+            }
+        } else if self.warehouse.is_some() {
+            return Err("--warehouse was given without --catalog-uri".into());
+        }
+        if self.s3_access_key_id.is_some() != self.s3_secret_access_key.is_some() {
+            return Err("--s3-access-key-id and --s3-secret-access-key go together".into());
+        }
+        if self.max_body_bytes == 0 || self.max_sql_bytes == 0 {
+            return Err("--max-body-bytes and --max-sql-bytes must be positive".into());
+        }
+        if self.refresh_interval < Duration::from_secs(1) {
+            return Err("--refresh-interval must be at least 1s".into());
+        }
+        PinnedVersions::parse(self.lake_versions.as_deref().unwrap_or(""))
+            .map_err(|e| format!("LAKE_VERSIONS: {e}"))
+    }
+}
+
+/// A URI with any password removed, for messages and logs.
+pub fn redact_uri(uri: &str) -> String {
+    match url::Url::parse(uri) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => uri.to_string(),
+    }
+}
+
+/// Parses `500ms`, `30s`, `2m`, `1h` (a bare number is seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("not a duration: {s:?} (try 30s, 2m)"))?;
+    let secs = match unit.trim() {
+        "ms" => n / 1000.0,
+        "" | "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        u => {
+            return Err(format!(
+                "unknown duration unit {u:?} in {s:?} (use ms, s, m or h)"
+            ));
+        }
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        assert!(parse_duration("3 weeks").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        let r = redact_uri("postgres://user:hunter2@db:5432/cat");
+        assert!(!r.contains("hunter2"), "{r}");
+        assert_eq!(redact_uri("sqlite:///a/b.db"), "sqlite:///a/b.db");
+    }
+}

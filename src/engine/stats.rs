@@ -1,0 +1,59 @@
+//! What one query cost: filled in by the scans while the query plans and runs, read by the
+//! front ends for their response metrics and by the query log line.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use datafusion::catalog::Session;
+
+#[derive(Debug, Default)]
+pub struct QueryStats {
+    /// Files Iceberg planning kept after pruning.
+    pub files_planned: AtomicU64,
+    /// Files actually opened.
+    pub files_scanned: AtomicU64,
+    /// Bytes read from data files.
+    pub bytes_scanned: AtomicU64,
+    /// Read requests made to storage (GETs, footers included).
+    pub requests: AtomicU64,
+    /// Each table read, with the snapshot it was read at (`None`: the table has no snapshot).
+    snapshots: Mutex<Vec<(String, Option<i64>)>>,
+}
+
+impl QueryStats {
+    /// The stats of the query a session belongs to. A session without them (a planning
+    /// path skiff did not set up) gets a throwaway set, so scans never fail for lack of one.
+    pub fn of(state: &dyn Session) -> Arc<QueryStats> {
+        state
+            .config()
+            .get_extension::<QueryStats>()
+            .unwrap_or_default()
+    }
+
+    pub fn record_snapshot(&self, table: String, snapshot: Option<i64>) {
+        let mut s = self.snapshots.lock().expect("stats lock");
+        if !s.iter().any(|(t, id)| *t == table && *id == snapshot) {
+            s.push((table, snapshot));
+        }
+    }
+
+    pub fn snapshots(&self) -> Vec<(String, Option<i64>)> {
+        self.snapshots.lock().expect("stats lock").clone()
+    }
+
+    pub fn files_scanned(&self) -> u64 {
+        self.files_scanned.load(Ordering::Relaxed)
+    }
+
+    pub fn bytes_scanned(&self) -> u64 {
+        self.bytes_scanned.load(Ordering::Relaxed)
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    pub fn files_planned(&self) -> u64 {
+        self.files_planned.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,279 @@
+//! One error type for every front end, and the one place that maps it to an HTTP status,
+//! a machine-readable code and a Basin SQL error code, so HTTP, Basin and Flight never disagree.
+
+use axum::http::StatusCode;
+use datafusion::error::DataFusionError;
+
+/// What went wrong, in the terms a client can act on. Messages never hold a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum SkiffError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("request body is larger than the limit of {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("missing or invalid bearer token")]
+    Unauthorized,
+    #[error("SQL syntax error: {0}")]
+    SqlSyntax(String),
+    #[error("{0}")]
+    InvalidQuery(String),
+    #[error("{0}")]
+    TableNotFound(String),
+    #[error("{0}")]
+    ReadOnly(String),
+    #[error("not found: {0}")]
+    RouteNotFound(String),
+    #[error("{dependency} is unavailable: {message}")]
+    Unavailable {
+        dependency: &'static str,
+        message: String,
+    },
+    #[error("query exceeded the memory limit: {0}")]
+    ResourcesExhausted(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = SkiffError> = std::result::Result<T, E>;
+
+/// Why skiff could not start (or write a demo lake): printed on the console.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Msg(String),
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("catalog: {0}")]
+    Iceberg(#[from] iceberg::Error),
+    #[error("catalog database: {0}")]
+    Sqlx(#[from] sqlx::Error),
+    #[error("{0}")]
+    DataFusion(#[from] DataFusionError),
+    #[error("{0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    #[error("{0}")]
+    Query(#[from] SkiffError),
+}
+
+pub type StartResult<T> = std::result::Result<T, StartError>;
+
+impl SkiffError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BadRequest(_) | Self::SqlSyntax(_) | Self::InvalidQuery(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            Self::ReadOnly(_) => StatusCode::FORBIDDEN,
+            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::TableNotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
+            Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::ResourcesExhausted(_) => StatusCode::INSUFFICIENT_STORAGE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The status on the Basin-compatible route: Basin answers 400 for every query error
+    /// (its code says which), so a missing table is 400 there, not 404.
+    pub fn basin_status(&self) -> StatusCode {
+        match self {
+            Self::TableNotFound(_) | Self::ReadOnly(_) | Self::RouteNotFound(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            other => other.status(),
+        }
+    }
+
+    /// Stable, machine-readable code for the JSON error body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::BadRequest(_) => "bad_request",
+            Self::UnsupportedMediaType(_) => "unsupported_media_type",
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::Unauthorized => "unauthorized",
+            Self::SqlSyntax(_) => "sql_syntax_error",
+            Self::InvalidQuery(_) => "invalid_query",
+            Self::TableNotFound(_) => "table_not_found",
+            Self::ReadOnly(_) => "read_only",
+            Self::RouteNotFound(_) => "not_found",
+            Self::Unavailable { .. } => "unavailable",
+            Self::ResourcesExhausted(_) => "resources_exhausted",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    /// Basin SQL's numeric error code (40003 syntax, 40004 invalid query, 40010 missing
+    /// table, 80001 retryable outage), as Basin clients branch on them.
+    pub fn basin_code(&self) -> u32 {
+        match self {
+            Self::SqlSyntax(_) => 40003,
+            Self::TableNotFound(_) => 40010,
+            Self::Unauthorized => 10000,
+            Self::Unavailable { .. } => 80001,
+            Self::Internal(_) => 10001,
+            Self::BadRequest(_)
+            | Self::UnsupportedMediaType(_)
+            | Self::PayloadTooLarge { .. }
+            | Self::InvalidQuery(_)
+            | Self::ReadOnly(_)
+            | Self::RouteNotFound(_)
+            | Self::ResourcesExhausted(_) => 40004,
+        }
+    }
+
+    /// Classifies a DataFusion error (which wraps Iceberg and I/O errors) by its cause.
+    pub fn from_datafusion(e: DataFusionError) -> Self {
+        match e.find_root() {
+            DataFusionError::SQL(p, _) => Self::SqlSyntax(p.to_string()),
+            DataFusionError::ResourcesExhausted(m) => Self::ResourcesExhausted(m.clone()),
+            DataFusionError::External(inner) => {
+                if let Some(s) = inner.downcast_ref::<SkiffError>() {
+                    return s.clone_shallow();
+                }
+                if let Some(ie) = inner.downcast_ref::<iceberg::Error>() {
+                    return Self::from_iceberg(ie);
+                }
+                Self::classify_message(&e.strip_backtrace())
+            }
+            DataFusionError::IoError(io) => Self::Unavailable {
+                dependency: "object store",
+                message: io.to_string(),
+            },
+            DataFusionError::ObjectStore(os) => Self::Unavailable {
+                dependency: "object store",
+                message: os.to_string(),
+            },
+            DataFusionError::Plan(_)
+            | DataFusionError::SchemaError(..)
+            | DataFusionError::NotImplemented(_)
+            | DataFusionError::Configuration(_) => {
+                let m = e.strip_backtrace();
+                if let Some(t) = missing_table(&m) {
+                    return table_not_found(&t);
+                }
+                Self::InvalidQuery(clean(&m))
+            }
+            DataFusionError::Internal(_) => Self::Internal(clean(&e.strip_backtrace())),
+            _ => Self::classify_message(&e.strip_backtrace()),
+        }
+    }
+
+    /// Iceberg errors: a missing table is the client's, a failed catalog or storage
+    /// call is an outage (retryable), and anything else names the file or table it hit.
+    pub fn from_iceberg(e: &iceberg::Error) -> Self {
+        use iceberg::ErrorKind as K;
+        let message = clean(&e.to_string());
+        match e.kind() {
+            K::TableNotFound | K::NamespaceNotFound => Self::TableNotFound(message),
+            K::DataInvalid | K::FeatureUnsupported | K::PreconditionFailed => {
+                Self::InvalidQuery(message)
+            }
+            _ => Self::Unavailable {
+                dependency: if message.contains("catalog") {
+                    "catalog"
+                } else {
+                    "object store"
+                },
+                message,
+            },
+        }
+    }
+
+    fn classify_message(m: &str) -> Self {
+        Self::InvalidQuery(clean(m))
+    }
+
+    /// A copy for errors that crossed DataFusion boxed inside `External`.
+    fn clone_shallow(&self) -> Self {
+        match self {
+            Self::Unavailable {
+                dependency,
+                message,
+            } => Self::Unavailable {
+                dependency,
+                message: message.clone(),
+            },
+            Self::TableNotFound(m) => Self::TableNotFound(m.clone()),
+            Self::InvalidQuery(m) => Self::InvalidQuery(m.clone()),
+            Self::ReadOnly(m) => Self::ReadOnly(m.clone()),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<DataFusionError> for SkiffError {
+    fn from(e: DataFusionError) -> Self {
+        Self::from_datafusion(e)
+    }
+}
+
+impl From<iceberg::Error> for SkiffError {
+    fn from(e: iceberg::Error) -> Self {
+        Self::from_iceberg(&e)
+    }
+}
+
+/// The table a "not found" planning error names, if that is what it is.
+fn missing_table(m: &str) -> Option<String> {
+    let rest = m.split("table '").nth(1)?;
+    let name = rest.split("' not found").next()?;
+    m.contains("not found").then(|| name.to_string())
+}
+
+/// A missing table, with a clearer word when the "table" was really a file path or URL,
+/// which skiff never reads.
+pub fn table_not_found(name: &str) -> SkiffError {
+    if name.contains('/') || name.contains("://") || name.contains('\\') {
+        return SkiffError::ReadOnly(format!(
+            "reading files or URLs as tables is not allowed: {name}"
+        ));
+    }
+    SkiffError::TableNotFound(format!("table not found: {name}"))
+}
+
+/// Drops DataFusion's "Error during planning: " style prefixes that say nothing to a client.
+fn clean(m: &str) -> String {
+    let mut s = m.trim();
+    for p in [
+        "Error during planning: ",
+        "External error: ",
+        "Execution error: ",
+        "Schema error: ",
+        "This feature is not implemented: ",
+        "Internal error: ",
+    ] {
+        while let Some(r) = s.strip_prefix(p) {
+            s = r;
+        }
+    }
+    s.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_tables_are_recognised() {
+        let e = DataFusionError::Plan("table 'datafusion.glass.nope' not found".into());
+        assert!(
+            matches!(SkiffError::from(e), SkiffError::TableNotFound(m) if m.contains("glass.nope"))
+        );
+        let e = DataFusionError::Plan("table 'datafusion.public./etc/passwd' not found".into());
+        assert!(matches!(SkiffError::from(e), SkiffError::ReadOnly(_)));
+    }
+
+    #[test]
+    fn codes_agree() {
+        let e = SkiffError::Unavailable {
+            dependency: "catalog",
+            message: "down".into(),
+        };
+        assert_eq!((e.status().as_u16(), e.basin_code()), (503, 80001));
+        assert_eq!(SkiffError::SqlSyntax("x".into()).basin_code(), 40003);
+        assert_eq!(SkiffError::TableNotFound("x".into()).basin_code(), 40010);
+    }
+}

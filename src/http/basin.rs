@@ -1,0 +1,123 @@
+//! The Basin SQL-compatible route: `POST /api/v1/accounts/{account}/basin-sql/query/{bucket}`
+//! (and the legacy `r2-sql` path), Basin's envelope, type names and error codes, so a client
+//! of Basin SQL switches to skiff by changing its base URL.
+
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use axum::body::Body;
+use axum::extract::{Extension, Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::query::{Encoder, QueryLog, body_stream, read_body, start};
+use super::{AppState, RequestId};
+use crate::encode::{basin, json};
+use crate::engine::stats::QueryStats;
+use crate::error::SkiffError;
+
+pub async fn query(
+    State(state): State<Arc<AppState>>,
+    Extension(id): Extension<RequestId>,
+    Path((_account, _bucket)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let mut log = QueryLog::new(id.0.clone(), "basin");
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if !state.auth.check_header(auth) {
+        // Basin tells a missing token (401) from a wrong one (403).
+        let status = if auth.is_some() {
+            StatusCode::FORBIDDEN
+        } else {
+            StatusCode::UNAUTHORIZED
+        };
+        let e = SkiffError::Unauthorized;
+        log.finish(Err(&e));
+        return failure(status, &e);
+    }
+    let started = async {
+        let body = read_body(&headers, body, state.max_body_bytes).await?;
+        if state.log_sql {
+            log.sql = Some(body.query.clone());
+        }
+        start(&state, &body.query).await
+    }
+    .await;
+    match started {
+        Ok(s) => {
+            log.stats = Some(s.stats.clone());
+            let encoder = Envelope {
+                request_id: id.0,
+                has_rows: s.first.is_some(),
+                stats: s.stats.clone(),
+            };
+            let mut res = Body::from_stream(body_stream(s, encoder, log)).into_response();
+            res.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            res
+        }
+        Err(e) => {
+            log.finish(Err(&e));
+            failure(e.basin_status(), &e)
+        }
+    }
+}
+
+fn failure(status: StatusCode, e: &SkiffError) -> Response {
+    let mut res = (status, axum::Json(basin::failure(e))).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        res.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    res
+}
+
+/// Streams the success envelope: everything up to `"rows": [` first, the rows as they come,
+/// then the metrics, which are only final once the last row is out.
+struct Envelope {
+    request_id: String,
+    has_rows: bool,
+    stats: Arc<QueryStats>,
+}
+
+impl Encoder for Envelope {
+    fn head(&mut self, schema: &SchemaRef) -> Result<Vec<u8>, arrow::error::ArrowError> {
+        // Basin answers an empty result with an empty schema.
+        let schema = if self.has_rows {
+            basin::schema(schema)
+        } else {
+            serde_json::Value::Array(vec![])
+        };
+        let mut out = br#"{"success":true,"errors":[],"result":{"request_id":"#.to_vec();
+        json::write_str(&mut out, &self.request_id);
+        out.extend_from_slice(br#","schema":"#);
+        out.extend_from_slice(schema.to_string().as_bytes());
+        out.extend_from_slice(br#","rows":["#);
+        Ok(out)
+    }
+
+    fn batch(
+        &mut self,
+        batch: &RecordBatch,
+        first_row: &mut bool,
+    ) -> Result<Vec<u8>, arrow::error::ArrowError> {
+        let mut out = Vec::with_capacity(batch.num_rows() * 64);
+        json::write_rows(batch, &mut out, first_row)?;
+        Ok(out)
+    }
+
+    fn tail(&mut self) -> Result<Vec<u8>, arrow::error::ArrowError> {
+        let metrics = serde_json::json!({
+            "r2_requests_count": self.stats.requests(),
+            "files_scanned": self.stats.files_scanned(),
+            "bytes_scanned": self.stats.bytes_scanned(),
+        });
+        Ok(format!(r#"],"metrics":{metrics}}},"messages":[]}}"#).into_bytes())
+    }
+}

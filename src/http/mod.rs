@@ -1,0 +1,138 @@
+//! The HTTP front end (axum): routing, auth, request ids and error responses. Handlers parse,
+//! call the engine and encode; they hold no query logic.
+
+mod basin;
+mod query;
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+
+use crate::auth::Auth;
+use crate::engine::Engine;
+use crate::error::SkiffError;
+
+/// What every handler shares.
+pub struct AppState {
+    pub engine: Engine,
+    pub auth: Auth,
+    pub catalog_kind: &'static str,
+    pub max_body_bytes: usize,
+    pub log_sql: bool,
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let authed = Router::new()
+        .route("/", get(welcome))
+        .route("/query", post(query::json_rows))
+        .route("/streaming-query", post(query::arrow_stream))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
+        .route("/_health", get(health))
+        // The Basin route answers auth failures in Basin's envelope, so it checks tokens itself.
+        .route(
+            "/api/v1/accounts/{account}/basin-sql/query/{bucket}",
+            post(basin::query),
+        )
+        .route(
+            "/api/v1/accounts/{account}/r2-sql/query/{bucket}",
+            post(basin::query),
+        )
+        .merge(authed)
+        .fallback(not_found)
+        .layer(middleware::from_fn(request_id))
+        .with_state(state)
+}
+
+/// The id of one request: the caller's `x-request-id` when it is sane, else a new UUID.
+#[derive(Clone, Debug)]
+pub struct RequestId(pub String);
+
+async fn request_id(mut req: Request, next: Next) -> Response {
+    let id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| {
+            !v.is_empty()
+                && v.len() <= 128
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+        })
+        .map(String::from)
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    req.extensions_mut().insert(RequestId(id.clone()));
+    let mut res = next.run(req).await;
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        res.headers_mut().insert("x-request-id", v);
+    }
+    res
+}
+
+async fn require_token(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let header = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if state.auth.check_header(header) {
+        next.run(req).await
+    } else {
+        SkiffError::Unauthorized.into_response()
+    }
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn welcome(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let lake = state.engine.lake();
+    let tables: Vec<String> = lake
+        .namespaces()
+        .iter()
+        .flat_map(|ns| {
+            lake.table_names(ns)
+                .into_iter()
+                .map(move |t| format!("{ns}.{t}"))
+        })
+        .collect();
+    Json(json!({
+        "name": "skiff",
+        "version": env!("CARGO_PKG_VERSION"),
+        "catalog": state.catalog_kind,
+        "tables": tables,
+        "endpoints": [
+            "GET /_health",
+            "POST /query",
+            "POST /streaming-query",
+            "POST /api/v1/accounts/{account}/basin-sql/query/{bucket}",
+        ],
+    }))
+}
+
+async fn not_found(req: Request) -> Response {
+    SkiffError::RouteNotFound(format!("{} {}", req.method(), req.uri().path())).into_response()
+}
+
+impl IntoResponse for SkiffError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let body = json!({"error": {"code": self.code(), "message": self.to_string()}});
+        let mut res = (status, Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            res.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        res
+    }
+}

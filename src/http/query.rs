@@ -1,0 +1,391 @@
+//! `POST /query` (JSON rows) and `POST /streaming-query` (Arrow IPC): both stream.
+//!
+//! The first batch is awaited before the response starts, so planning errors and errors in
+//! the first moments of execution get a real status. An error after streaming began aborts
+//! the response (no clean end of array or end-of-stream marker), so a client can never take
+//! a cut-short result for a whole one. A client that goes away drops the stream, which
+//! cancels the query.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use axum::body::{Body, Bytes};
+use axum::extract::{Extension, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use datafusion::physical_plan::SendableRecordBatchStream;
+use futures::StreamExt;
+use serde::Deserialize;
+
+use super::{AppState, RequestId};
+use crate::encode::arrow_ipc::{self, IpcEncoder};
+use crate::encode::json;
+use crate::engine::stats::QueryStats;
+use crate::error::{Result, SkiffError};
+
+#[derive(Debug, Deserialize)]
+pub struct QueryBody {
+    pub query: String,
+    /// Basin clients send their warehouse; skiff serves one lake and accepts any.
+    #[serde(default)]
+    #[allow(dead_code)]
+    pub warehouse: Option<String>,
+}
+
+pub async fn json_rows(
+    State(state): State<Arc<AppState>>,
+    Extension(id): Extension<RequestId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    respond(
+        &state,
+        id,
+        "/query",
+        &headers,
+        body,
+        JsonArray,
+        "application/json",
+    )
+    .await
+}
+
+pub async fn arrow_stream(
+    State(state): State<Arc<AppState>>,
+    Extension(id): Extension<RequestId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    respond(
+        &state,
+        id,
+        "/streaming-query",
+        &headers,
+        body,
+        ArrowStream(None),
+        arrow_ipc::CONTENT_TYPE,
+    )
+    .await
+}
+
+async fn respond<E: Encoder>(
+    state: &AppState,
+    id: RequestId,
+    route: &'static str,
+    headers: &HeaderMap,
+    body: Body,
+    encoder: E,
+    content_type: &'static str,
+) -> Response {
+    let mut log = QueryLog::new(id.0, route);
+    let started = async {
+        let body = read_body(headers, body, state.max_body_bytes).await?;
+        if state.log_sql {
+            log.sql = Some(body.query.clone());
+        }
+        start(state, &body.query).await
+    }
+    .await;
+    match started {
+        Ok(s) => {
+            log.stats = Some(s.stats.clone());
+            let stream = body_stream(s, encoder, log);
+            let mut res = Body::from_stream(stream).into_response();
+            res.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+            res
+        }
+        Err(e) => {
+            log.finish(Err(&e));
+            e.into_response()
+        }
+    }
+}
+
+/// Reads and checks a `{"query": "..."}` body within the size limit.
+pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<QueryBody> {
+    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
+        let essence = ct.split(';').next().unwrap_or("").trim();
+        // curl -d sends form-urlencoded by default; its body is still the JSON we expect.
+        let ok = [
+            "application/json",
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "",
+        ]
+        .contains(&essence)
+            || essence.ends_with("+json");
+        if !ok {
+            return Err(SkiffError::UnsupportedMediaType(format!(
+                "expected an application/json body, got content-type {essence}"
+            )));
+        }
+    }
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(SkiffError::PayloadTooLarge { limit });
+    }
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
+        if format!("{e:?}").contains("LengthLimit") {
+            SkiffError::PayloadTooLarge { limit }
+        } else {
+            SkiffError::BadRequest(format!("could not read the request body: {e}"))
+        }
+    })?;
+    serde_json::from_slice::<QueryBody>(&bytes).map_err(|e| {
+        SkiffError::BadRequest(format!(
+            "the body must be a JSON object like {{\"query\": \"SELECT 1\"}}: {e}"
+        ))
+    })
+}
+
+/// A query that has produced its first batch (or finished) without error.
+pub struct Started {
+    pub schema: SchemaRef,
+    pub first: Option<RecordBatch>,
+    pub rest: SendableRecordBatchStream,
+    pub stats: Arc<QueryStats>,
+}
+
+pub async fn start(state: &AppState, sql: &str) -> Result<Started> {
+    let mut q = state.engine.execute(sql).await?;
+    // The first batch with rows, or none: `first == None` means the result is empty.
+    let first = loop {
+        match q.stream.next().await {
+            Some(Ok(b)) if b.num_rows() == 0 => continue,
+            Some(Ok(b)) => break Some(b),
+            Some(Err(e)) => return Err(e.into()),
+            None => break None,
+        }
+    };
+    Ok(Started {
+        schema: q.schema,
+        first,
+        rest: q.stream,
+        stats: q.stats,
+    })
+}
+
+/// Turns batches into response bytes.
+pub trait Encoder: Send + 'static {
+    fn head(&mut self, schema: &SchemaRef) -> Result<Vec<u8>, arrow::error::ArrowError>;
+    fn batch(
+        &mut self,
+        batch: &RecordBatch,
+        first_row: &mut bool,
+    ) -> Result<Vec<u8>, arrow::error::ArrowError>;
+    fn tail(&mut self) -> Result<Vec<u8>, arrow::error::ArrowError>;
+}
+
+pub struct JsonArray;
+
+impl Encoder for JsonArray {
+    fn head(&mut self, _: &SchemaRef) -> Result<Vec<u8>, arrow::error::ArrowError> {
+        Ok(b"[".to_vec())
+    }
+    fn batch(
+        &mut self,
+        batch: &RecordBatch,
+        first_row: &mut bool,
+    ) -> Result<Vec<u8>, arrow::error::ArrowError> {
+        let mut out = Vec::with_capacity(batch.num_rows() * 64);
+        json::write_rows(batch, &mut out, first_row)?;
+        Ok(out)
+    }
+    fn tail(&mut self) -> Result<Vec<u8>, arrow::error::ArrowError> {
+        Ok(b"]".to_vec())
+    }
+}
+
+pub struct ArrowStream(Option<IpcEncoder>);
+
+impl Encoder for ArrowStream {
+    fn head(&mut self, schema: &SchemaRef) -> Result<Vec<u8>, arrow::error::ArrowError> {
+        let (enc, head) = IpcEncoder::new(schema)?;
+        self.0 = Some(enc);
+        Ok(head)
+    }
+    fn batch(
+        &mut self,
+        batch: &RecordBatch,
+        _: &mut bool,
+    ) -> Result<Vec<u8>, arrow::error::ArrowError> {
+        self.0.as_mut().expect("head first").batch(batch)
+    }
+    fn tail(&mut self) -> Result<Vec<u8>, arrow::error::ArrowError> {
+        self.0.take().expect("head first").finish()
+    }
+}
+
+enum Phase {
+    Head,
+    Body,
+    Done,
+}
+
+struct BodyState<E> {
+    phase: Phase,
+    schema: SchemaRef,
+    first: Option<RecordBatch>,
+    rest: SendableRecordBatchStream,
+    encoder: E,
+    first_row: bool,
+    log: QueryLog,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The response body: head, the first batch, every later batch as it comes, tail.
+pub fn body_stream<E: Encoder>(
+    s: Started,
+    encoder: E,
+    log: QueryLog,
+) -> impl futures::Stream<Item = Result<Bytes, BoxError>> + Send {
+    let state = BodyState {
+        phase: Phase::Head,
+        schema: s.schema,
+        first: s.first,
+        rest: s.rest,
+        encoder,
+        first_row: true,
+        log,
+    };
+    futures::stream::unfold(state, |mut st| async move {
+        loop {
+            match st.phase {
+                Phase::Head => {
+                    st.phase = Phase::Body;
+                    let mut out = match st.encoder.head(&st.schema) {
+                        Ok(b) => b,
+                        Err(e) => return Some((Err(st.fail(e.into())), st)),
+                    };
+                    if let Some(b) = st.first.take() {
+                        st.log.rows += b.num_rows() as u64;
+                        match st.encoder.batch(&b, &mut st.first_row) {
+                            Ok(bytes) => out.extend_from_slice(&bytes),
+                            Err(e) => return Some((Err(st.fail(e.into())), st)),
+                        }
+                    }
+                    return Some((Ok(Bytes::from(out)), st));
+                }
+                Phase::Body => match st.rest.next().await {
+                    Some(Ok(b)) => {
+                        st.log.rows += b.num_rows() as u64;
+                        match st.encoder.batch(&b, &mut st.first_row) {
+                            Ok(bytes) if bytes.is_empty() => continue,
+                            Ok(bytes) => return Some((Ok(Bytes::from(bytes)), st)),
+                            Err(e) => return Some((Err(st.fail(e.into())), st)),
+                        }
+                    }
+                    Some(Err(e)) => return Some((Err(st.fail(e.into())), st)),
+                    None => {
+                        st.phase = Phase::Done;
+                        return match st.encoder.tail() {
+                            Ok(bytes) => {
+                                st.log.finish(Ok(()));
+                                Some((Ok(Bytes::from(bytes)), st))
+                            }
+                            Err(e) => Some((Err(st.fail(e.into())), st)),
+                        };
+                    }
+                },
+                Phase::Done => return None,
+            }
+        }
+    })
+}
+
+impl<E> BodyState<E> {
+    fn fail(&mut self, e: SkiffError) -> BoxError {
+        self.phase = Phase::Done;
+        self.log.finish(Err(&e));
+        Box::new(e)
+    }
+}
+
+impl From<arrow::error::ArrowError> for SkiffError {
+    fn from(e: arrow::error::ArrowError) -> Self {
+        SkiffError::Internal(format!("encoding the result: {e}"))
+    }
+}
+
+/// The one log line of a query, written when it ends however it ends (a stream dropped
+/// before its end means the client went away).
+pub struct QueryLog {
+    request_id: String,
+    route: &'static str,
+    started: Instant,
+    pub rows: u64,
+    pub sql: Option<String>,
+    pub stats: Option<Arc<QueryStats>>,
+    done: bool,
+}
+
+impl QueryLog {
+    pub fn new(request_id: String, route: &'static str) -> Self {
+        Self {
+            request_id,
+            route,
+            started: Instant::now(),
+            rows: 0,
+            sql: None,
+            stats: None,
+            done: false,
+        }
+    }
+
+    pub fn finish(&mut self, outcome: Result<(), &SkiffError>) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let (outcome, error) = match outcome {
+            Ok(()) => ("ok", None),
+            Err(e) => (e.code(), Some(e.to_string())),
+        };
+        self.emit(outcome, error);
+    }
+
+    fn emit(&self, outcome: &str, error: Option<String>) {
+        let stats = self.stats.clone().unwrap_or_default();
+        let snapshots: Vec<String> = stats
+            .snapshots()
+            .into_iter()
+            .map(|(t, s)| {
+                format!(
+                    "{t}@{}",
+                    s.map(|s| s.to_string()).unwrap_or_else(|| "empty".into())
+                )
+            })
+            .collect();
+        tracing::info!(
+            target: "skiff::query",
+            request_id = %self.request_id,
+            route = self.route,
+            outcome,
+            duration_ms = self.started.elapsed().as_millis() as u64,
+            rows = self.rows,
+            files_scanned = stats.files_scanned(),
+            bytes_scanned = stats.bytes_scanned(),
+            snapshots = %snapshots.join(","),
+            error = error.as_deref(),
+            sql = self.sql.as_deref(),
+            "query"
+        );
+    }
+}
+
+impl Drop for QueryLog {
+    fn drop(&mut self) {
+        if !self.done {
+            self.done = true;
+            self.emit("cancelled", None);
+        }
+    }
+}

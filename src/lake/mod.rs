@@ -1,0 +1,322 @@
+//! The lake: the Iceberg catalog's namespaces and tables as DataFusion schemas and tables.
+//!
+//! The table list is read at start and refreshed on an interval (and on a miss, so a new
+//! table is queryable at once); each query loads the tables it names afresh, so it always
+//! reads the current snapshot. A table that fails to load fails only the queries that use it.
+
+pub mod scan;
+mod table;
+pub mod versions;
+
+use std::any::Any;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use datafusion::catalog::{CatalogProvider, SchemaProvider, TableProvider};
+use datafusion::datasource::TableType;
+use datafusion::error::{DataFusionError, Result as DFResult};
+use iceberg::table::Table;
+use iceberg::{Catalog, NamespaceIdent, TableIdent};
+
+use crate::error::SkiffError;
+use table::{PhysicalTable, VersionedTable};
+use versions::{PinnedVersions, split_version, version_name};
+
+/// Namespace → physical table names, as last listed.
+type Listing = BTreeMap<String, BTreeSet<String>>;
+
+pub struct Lake {
+    catalog: Arc<dyn Catalog>,
+    pinned: PinnedVersions,
+    listing: RwLock<Listing>,
+}
+
+impl std::fmt::Debug for Lake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Lake({} namespaces)",
+            self.listing.read().expect("listing").len()
+        )
+    }
+}
+
+impl Lake {
+    /// Connects the lake and lists its tables once.
+    pub async fn new(
+        catalog: Arc<dyn Catalog>,
+        pinned: PinnedVersions,
+    ) -> Result<Arc<Self>, SkiffError> {
+        let lake = Arc::new(Self {
+            catalog,
+            pinned,
+            listing: RwLock::default(),
+        });
+        lake.refresh().await?;
+        Ok(lake)
+    }
+
+    /// Re-reads every namespace's table list from the catalog.
+    pub async fn refresh(&self) -> Result<(), SkiffError> {
+        let mut listing = Listing::new();
+        for ns in self
+            .catalog
+            .list_namespaces(None)
+            .await
+            .map_err(catalog_down)?
+        {
+            let tables = self.list(&ns).await?;
+            listing.insert(ns_name(&ns), tables);
+        }
+        *self.listing.write().expect("listing") = listing;
+        Ok(())
+    }
+
+    async fn list(&self, ns: &NamespaceIdent) -> Result<BTreeSet<String>, SkiffError> {
+        match self.catalog.list_tables(ns).await {
+            Ok(tables) => Ok(tables.into_iter().map(|t| t.name).collect()),
+            Err(e) if e.kind() == iceberg::ErrorKind::NamespaceNotFound => Ok(BTreeSet::new()),
+            Err(e) => Err(catalog_down(e)),
+        }
+    }
+
+    /// Refreshes the listing every `every`, logging (not failing) when the catalog is down.
+    pub fn spawn_refresh(self: &Arc<Self>, every: Duration) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(lake) = weak.upgrade() else { return };
+                if let Err(e) = lake.refresh().await {
+                    tracing::warn!(error = %e, "refreshing the table list failed; keeping the last one");
+                }
+            }
+        });
+    }
+
+    pub fn namespaces(&self) -> Vec<String> {
+        self.listing
+            .read()
+            .expect("listing")
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Physical table count, for the startup line and `GET /`.
+    pub fn table_count(&self) -> usize {
+        self.listing
+            .read()
+            .expect("listing")
+            .values()
+            .map(BTreeSet::len)
+            .sum()
+    }
+
+    /// The names SQL can use in a namespace: every physical table, plus each versioned
+    /// table's base name.
+    pub fn table_names(&self, ns: &str) -> Vec<String> {
+        let listing = self.listing.read().expect("listing");
+        let Some(physical) = listing.get(ns) else {
+            return vec![];
+        };
+        let mut names: BTreeSet<String> = physical.clone();
+        for name in physical {
+            names.insert(split_version(name).0.to_string());
+        }
+        names.into_iter().collect()
+    }
+
+    /// The DataFusion catalog over this lake.
+    pub fn catalog_provider(self: &Arc<Self>) -> Arc<dyn CatalogProvider> {
+        Arc::new(LakeCatalog(self.clone()))
+    }
+
+    /// Loads a table's current metadata from the catalog.
+    pub async fn load(&self, ns: &str, name: &str) -> Result<Table, SkiffError> {
+        let ident = TableIdent::new(NamespaceIdent::new(ns.to_string()), name.to_string());
+        self.catalog.load_table(&ident).await.map_err(|e| {
+            let err = SkiffError::from_iceberg(&e);
+            match err {
+                SkiffError::TableNotFound(_) => {
+                    SkiffError::TableNotFound(format!("table not found: {ns}.{name}"))
+                }
+                SkiffError::Unavailable { .. } => SkiffError::Unavailable {
+                    dependency: "catalog",
+                    message: format!("loading {ns}.{name}: {}", e.message()),
+                },
+                other => other,
+            }
+        })
+    }
+
+    /// Resolves a name SQL used: a versioned base, a physical table, or `<base>_v1`.
+    async fn resolve(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<Arc<dyn TableProvider>>, SkiffError> {
+        let Some(versions) = self.versions_of(ns, name) else {
+            return Ok(None);
+        };
+        match versions {
+            Resolved::Physical(physical) => {
+                let table = self.load(ns, &physical).await?;
+                Ok(Some(Arc::new(PhysicalTable::try_new(table)?)))
+            }
+            Resolved::Versions(base, list) => {
+                let mut tables = Vec::with_capacity(list.len());
+                for v in list {
+                    let physical = version_name(&base, v);
+                    if !self.exists(ns, &physical) {
+                        return Err(SkiffError::TableNotFound(format!(
+                            "{ns}.{physical} is pinned by LAKE_VERSIONS ({base}={}) but does not exist",
+                            self.pinned
+                                .get(&base)
+                                .unwrap_or_default()
+                                .iter()
+                                .map(u32::to_string)
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        )));
+                    }
+                    tables.push(self.load(ns, &physical).await?);
+                }
+                Ok(Some(Arc::new(VersionedTable::try_new(tables)?)))
+            }
+        }
+    }
+
+    fn exists(&self, ns: &str, name: &str) -> bool {
+        self.listing
+            .read()
+            .expect("listing")
+            .get(ns)
+            .is_some_and(|t| t.contains(name))
+    }
+
+    /// What a name means, from the listing and the pinned versions.
+    fn versions_of(&self, ns: &str, name: &str) -> Option<Resolved> {
+        let listing = self.listing.read().expect("listing");
+        let physical = listing.get(ns)?;
+        // `<base>_v1` names the first version, stored as plain `<base>`.
+        if let Some(base) = name.strip_suffix("_v1") {
+            if !physical.contains(name) && physical.contains(base) {
+                return Some(Resolved::Physical(base.to_string()));
+            }
+        }
+        let (base, v) = split_version(name);
+        if v >= 2 {
+            return physical
+                .contains(name)
+                .then(|| Resolved::Physical(name.to_string()));
+        }
+        let mut versions: Vec<u32> = physical
+            .iter()
+            .filter_map(|t| {
+                let (b, v) = split_version(t);
+                (b == base).then_some(v)
+            })
+            .collect();
+        versions.sort_unstable();
+        if let Some(pinned) = self.pinned.get(base) {
+            return Some(Resolved::Versions(base.to_string(), pinned.to_vec()));
+        }
+        match versions.as_slice() {
+            [] => None,
+            [1] => Some(Resolved::Physical(base.to_string())),
+            _ => Some(Resolved::Versions(base.to_string(), versions)),
+        }
+    }
+
+    /// On a miss, re-lists one namespace so a table created moments ago is found.
+    async fn relist(&self, ns: &str) -> Result<(), SkiffError> {
+        let tables = self.list(&NamespaceIdent::new(ns.to_string())).await?;
+        let mut listing = self.listing.write().expect("listing");
+        if tables.is_empty() {
+            listing.remove(ns);
+        } else {
+            listing.insert(ns.to_string(), tables);
+        }
+        Ok(())
+    }
+}
+
+enum Resolved {
+    Physical(String),
+    Versions(String, Vec<u32>),
+}
+
+fn ns_name(ns: &NamespaceIdent) -> String {
+    ns.as_ref().join(".")
+}
+
+fn catalog_down(e: iceberg::Error) -> SkiffError {
+    SkiffError::Unavailable {
+        dependency: "catalog",
+        message: e.message().to_string(),
+    }
+}
+
+pub(crate) fn to_df(e: SkiffError) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}
+
+#[derive(Debug)]
+struct LakeCatalog(Arc<Lake>);
+
+impl CatalogProvider for LakeCatalog {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn schema_names(&self) -> Vec<String> {
+        self.0.namespaces()
+    }
+
+    fn schema(&self, name: &str) -> Option<Arc<dyn SchemaProvider>> {
+        // Unknown namespaces still resolve, so that a missing table is reported as such.
+        Some(Arc::new(LakeSchema {
+            lake: self.0.clone(),
+            ns: name.to_string(),
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct LakeSchema {
+    lake: Arc<Lake>,
+    ns: String,
+}
+
+#[async_trait]
+impl SchemaProvider for LakeSchema {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn table_names(&self) -> Vec<String> {
+        self.lake.table_names(&self.ns)
+    }
+
+    async fn table(&self, name: &str) -> DFResult<Option<Arc<dyn TableProvider>>> {
+        if let Some(t) = self.lake.resolve(&self.ns, name).await.map_err(to_df)? {
+            return Ok(Some(t));
+        }
+        self.lake.relist(&self.ns).await.map_err(to_df)?;
+        self.lake.resolve(&self.ns, name).await.map_err(to_df)
+    }
+
+    /// Listing tables must not load them: one broken table would break `SHOW TABLES`.
+    async fn table_type(&self, name: &str) -> DFResult<Option<TableType>> {
+        Ok(self.table_exist(name).then_some(TableType::Base))
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        self.lake.versions_of(&self.ns, name).is_some()
+    }
+}

@@ -1,0 +1,459 @@
+//! Scanning one Iceberg table: Iceberg plans the files (manifest, partition and column-bound
+//! pruning, delete files), DataFusion reads them.
+//!
+//! Files without delete files go to DataFusion's own Parquet scan, split over all cores, with
+//! row-group and page pruning, and read through the table's Iceberg `FileIO` so vended
+//! credentials and every storage Iceberg supports work unchanged. Files with delete files are
+//! read by Iceberg's own reader, which applies the deletes.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use arrow::array::RecordBatchOptions;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::record_batch::RecordBatch;
+use bytes::Bytes;
+use datafusion::catalog::Session;
+use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::TreeNode;
+use datafusion::common::{DFSchema, Statistics};
+use datafusion::config::TableParquetOptions;
+use datafusion::datasource::listing::PartitionedFile;
+use datafusion::datasource::physical_plan::parquet::ParquetFileReaderFactory;
+use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::error::{DataFusionError, Result as DFResult};
+use datafusion::execution::TaskContext;
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
+use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt, TryStreamExt};
+use iceberg::arrow::ArrowFileReader;
+use iceberg::io::{FileIO, FileMetadata};
+use iceberg::scan::FileScanTask;
+use iceberg::table::Table;
+use iceberg_datafusion::physical_plan::convert_filters_to_predicate;
+use parquet::arrow::arrow_reader::ArrowReaderOptions;
+use parquet::arrow::async_reader::AsyncFileReader;
+use parquet::file::metadata::ParquetMetaData;
+
+use crate::engine::stats::QueryStats;
+
+/// The Arrow schema skiff exposes for an Iceberg table: Iceberg's own mapping, without the
+/// per-field `PARQUET:field_id` metadata (DataFusion rejects plans whose logical and physical
+/// field metadata differ, and unions of versions would carry conflicting ids).
+pub fn arrow_schema(table: &Table) -> iceberg::Result<SchemaRef> {
+    let s = iceberg::arrow::schema_to_arrow_schema(table.metadata().current_schema())?;
+    Ok(Arc::new(strip_metadata(&s)))
+}
+
+fn strip_metadata(s: &Schema) -> Schema {
+    Schema::new(
+        s.fields()
+            .iter()
+            .map(|f| Field::new(f.name(), f.data_type().clone(), f.is_nullable()))
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// Every filter is offered to Iceberg and Parquet for pruning, and DataFusion re-checks rows.
+pub fn pushdown(filters: &[&Expr]) -> Vec<TableProviderFilterPushDown> {
+    vec![TableProviderFilterPushDown::Inexact; filters.len()]
+}
+
+/// Plans and builds the physical scan of `table` at its current snapshot.
+pub async fn scan(
+    table: &Table,
+    schema: &SchemaRef,
+    state: &dyn Session,
+    projection: Option<&Vec<usize>>,
+    filters: &[Expr],
+    limit: Option<usize>,
+) -> DFResult<Arc<dyn ExecutionPlan>> {
+    let stats = QueryStats::of(state);
+    let projected = Arc::new(match projection {
+        Some(p) => schema.project(p)?,
+        None => schema.as_ref().clone(),
+    });
+    let Some(snapshot) = table.metadata().current_snapshot() else {
+        stats.record_snapshot(table.identifier().to_string(), None);
+        return Ok(Arc::new(EmptyExec::new(projected)));
+    };
+    stats.record_snapshot(table.identifier().to_string(), Some(snapshot.snapshot_id()));
+
+    let tasks = plan_files(table, schema, &projected, filters).await?;
+    stats
+        .files_planned
+        .fetch_add(tasks.len() as u64, Ordering::Relaxed);
+    if tasks.is_empty() {
+        return Ok(Arc::new(EmptyExec::new(projected)));
+    }
+    if tasks.iter().any(|t| !t.deletes.is_empty()) || has_evolved(table) {
+        return iceberg_reader_scan(table, projected, tasks, state.config().target_partitions());
+    }
+    parquet_scan(
+        table, schema, state, projection, filters, limit, tasks, stats,
+    )
+}
+
+/// Iceberg's planning: prunes manifests, partitions and files by the filters it can take.
+async fn plan_files(
+    table: &Table,
+    schema: &SchemaRef,
+    projected: &SchemaRef,
+    filters: &[Expr],
+) -> DFResult<Vec<FileScanTask>> {
+    // iceberg-rust 0.10.1 mis-prunes when a filter casts a column, and fails on f32
+    // literals: those filters are left to DataFusion, which applies every filter anyway.
+    let safe: Vec<Expr> = filters
+        .iter()
+        .filter(|f| safe_for_iceberg(f, schema))
+        .cloned()
+        .collect();
+    let names: Vec<String> = projected
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    let mut builder = table.scan();
+    builder = if names.is_empty() {
+        builder.select_empty()
+    } else {
+        builder.select(names)
+    };
+    if let Some(p) = convert_filters_to_predicate(&safe) {
+        builder = builder.with_filter(p);
+    }
+    let scan = builder.build().map_err(ext)?;
+    scan.plan_files()
+        .await
+        .map_err(ext)?
+        .try_collect()
+        .await
+        .map_err(ext)
+}
+
+fn safe_for_iceberg(e: &Expr, schema: &SchemaRef) -> bool {
+    let risky = e
+        .exists(|x| {
+            Ok(match x {
+                Expr::Cast(_) | Expr::TryCast(_) | Expr::ScalarFunction(_) => true,
+                Expr::Column(c) => schema
+                    .field_with_name(&c.name)
+                    .map(|f| matches!(f.data_type(), DataType::Float32 | DataType::Float16))
+                    .unwrap_or(true),
+                _ => false,
+            })
+        })
+        .unwrap_or(true);
+    !risky
+}
+
+/// DataFusion's Parquet scan reads columns by name, which is only right while the table's
+/// columns have never been renamed or re-typed; after any schema change Iceberg reads by id.
+fn has_evolved(table: &Table) -> bool {
+    table.metadata().schemas_iter().len() > 1
+}
+
+#[allow(clippy::too_many_arguments)]
+fn parquet_scan(
+    table: &Table,
+    schema: &SchemaRef,
+    state: &dyn Session,
+    projection: Option<&Vec<usize>>,
+    filters: &[Expr],
+    limit: Option<usize>,
+    tasks: Vec<FileScanTask>,
+    stats: Arc<QueryStats>,
+) -> DFResult<Arc<dyn ExecutionPlan>> {
+    let partitions = state.config().target_partitions().max(1);
+    let total_rows: u64 = tasks.iter().map(|t| t.record_count.unwrap_or(0)).sum();
+    let rows_known = tasks.iter().all(|t| t.record_count.is_some());
+    let groups = split_into_groups(tasks, partitions);
+
+    let mut options = TableParquetOptions::default();
+    options.global = state.config_options().execution.parquet.clone();
+    let factory = Arc::new(FileIoReaderFactory {
+        file_io: table.file_io().clone(),
+        stats,
+    });
+    let mut source = ParquetSource::new(schema.clone())
+        .with_table_parquet_options(options)
+        .with_parquet_file_reader_factory(factory);
+    if let Some(predicate) = conjunction(filters.iter().cloned()) {
+        let df_schema = DFSchema::try_from(schema.as_ref().clone())?;
+        source = source.with_predicate(state.create_physical_expr(predicate, &df_schema)?);
+    }
+    let statistics = Statistics::new_unknown(schema).with_num_rows(if rows_known {
+        Precision::Exact(total_rows as usize)
+    } else {
+        Precision::Absent
+    });
+    let config = FileScanConfigBuilder::new(ObjectStoreUrl::local_filesystem(), Arc::new(source))
+        .with_file_groups(groups)
+        .with_projection_indices(projection.cloned())?
+        .with_statistics(statistics)
+        .with_limit(limit)
+        .build();
+    Ok(DataSourceExec::from_data_source(config))
+}
+
+/// Spreads files over `n` groups by size (largest first onto the lightest group), so every
+/// core gets a similar share of bytes.
+fn split_into_groups(mut tasks: Vec<FileScanTask>, n: usize) -> Vec<FileGroup> {
+    tasks.sort_by(|a, b| {
+        b.length
+            .cmp(&a.length)
+            .then_with(|| a.data_file_path.cmp(&b.data_file_path))
+    });
+    let mut groups: Vec<(u64, Vec<PartitionedFile>)> =
+        (0..n.min(tasks.len())).map(|_| (0, Vec::new())).collect();
+    for t in tasks {
+        let g = groups
+            .iter_mut()
+            .min_by_key(|(bytes, _)| *bytes)
+            .expect("at least one group");
+        g.0 += t.length;
+        g.1.push(partitioned_file(&t));
+    }
+    groups
+        .into_iter()
+        .map(|(_, files)| FileGroup::new(files))
+        .collect()
+}
+
+/// A planned file for DataFusion. Its object-store path is only a label: the reader
+/// factory opens the real Iceberg location kept in `extensions`.
+fn partitioned_file(t: &FileScanTask) -> PartitionedFile {
+    let label = t
+        .data_file_path
+        .split_once("://")
+        .map(|(_, p)| p)
+        .unwrap_or(&t.data_file_path);
+    let mut f = if t.start == 0 && t.length == t.file_size_in_bytes {
+        PartitionedFile::new(label.to_string(), t.file_size_in_bytes)
+    } else {
+        PartitionedFile::new_with_range(
+            label.to_string(),
+            t.file_size_in_bytes,
+            t.start as i64,
+            (t.start + t.length) as i64,
+        )
+    };
+    f.extensions = Some(Arc::new(t.data_file_path.clone()));
+    f
+}
+
+/// Opens planned files through the table's Iceberg `FileIO`, counting what is read.
+#[derive(Debug)]
+struct FileIoReaderFactory {
+    file_io: FileIO,
+    stats: Arc<QueryStats>,
+}
+
+impl ParquetFileReaderFactory for FileIoReaderFactory {
+    fn create_reader(
+        &self,
+        _partition_index: usize,
+        file: PartitionedFile,
+        _metadata_size_hint: Option<usize>,
+        _metrics: &ExecutionPlanMetricsSet,
+    ) -> DFResult<Box<dyn AsyncFileReader + Send>> {
+        let location = file
+            .extensions
+            .as_ref()
+            .and_then(|e| e.downcast_ref::<String>())
+            .cloned()
+            .ok_or_else(|| DataFusionError::Internal("planned file without its location".into()))?;
+        let input = self.file_io.new_input(&location).map_err(ext)?;
+        self.stats.files_scanned.fetch_add(1, Ordering::Relaxed);
+        Ok(Box::new(CountingReader {
+            location,
+            size: file.object_meta.size,
+            input,
+            inner: None,
+            stats: self.stats.clone(),
+        }))
+    }
+}
+
+/// An `AsyncFileReader` that opens the Iceberg reader on first use (opening is async, the
+/// factory is not) and counts requests and bytes for the query's metrics.
+struct CountingReader {
+    location: String,
+    size: u64,
+    input: iceberg::io::InputFile,
+    inner: Option<ArrowFileReader>,
+    stats: Arc<QueryStats>,
+}
+
+impl CountingReader {
+    async fn reader(&mut self) -> parquet::errors::Result<&mut ArrowFileReader> {
+        if self.inner.is_none() {
+            let r = self.input.reader().await.map_err(|e| {
+                parquet::errors::ParquetError::External(Box::new(with_file(e, &self.location)))
+            })?;
+            self.inner = Some(ArrowFileReader::new(FileMetadata { size: self.size }, r));
+        }
+        Ok(self.inner.as_mut().expect("just set"))
+    }
+
+    fn count(&self, requests: u64, bytes: u64) {
+        self.stats.requests.fetch_add(requests, Ordering::Relaxed);
+        self.stats.bytes_scanned.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+impl AsyncFileReader for CountingReader {
+    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        async move {
+            self.count(1, range.end - range.start);
+            let location = self.location.clone();
+            self.reader()
+                .await?
+                .get_bytes(range)
+                .await
+                .map_err(|e| in_file(e, &location))
+        }
+        .boxed()
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<Range<u64>>,
+    ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
+        async move {
+            let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+            self.count(ranges.len() as u64, bytes);
+            let location = self.location.clone();
+            self.reader()
+                .await?
+                .get_byte_ranges(ranges)
+                .await
+                .map_err(|e| in_file(e, &location))
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        options: Option<&'a ArrowReaderOptions>,
+    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
+        async move {
+            self.count(1, 0);
+            let location = self.location.clone();
+            self.reader()
+                .await?
+                .get_metadata(options)
+                .await
+                .map_err(|e| in_file(e, &location))
+        }
+        .boxed()
+    }
+}
+
+/// Parquet errors name no file; a corrupt or missing file must be named.
+fn in_file(e: parquet::errors::ParquetError, location: &str) -> parquet::errors::ParquetError {
+    let msg = e.to_string();
+    if msg.contains(location) {
+        return e;
+    }
+    parquet::errors::ParquetError::External(format!("{location}: {msg}").into())
+}
+
+fn with_file(e: iceberg::Error, location: &str) -> iceberg::Error {
+    let msg = e.to_string();
+    if msg.contains(location) {
+        e
+    } else {
+        e.with_context("file", location)
+    }
+}
+
+/// Files with delete files (or tables whose schema evolved) go through Iceberg's reader,
+/// which applies deletes and maps columns by field id; tasks are spread over partitions.
+fn iceberg_reader_scan(
+    table: &Table,
+    projected: SchemaRef,
+    tasks: Vec<FileScanTask>,
+    partitions: usize,
+) -> DFResult<Arc<dyn ExecutionPlan>> {
+    let n = partitions.clamp(1, tasks.len());
+    let mut chunks: Vec<Vec<FileScanTask>> = (0..n).map(|_| Vec::new()).collect();
+    for (i, t) in tasks.into_iter().enumerate() {
+        chunks[i % n].push(t);
+    }
+    let streams: Vec<Arc<dyn PartitionStream>> = chunks
+        .into_iter()
+        .map(|tasks| {
+            Arc::new(IcebergPartition {
+                table: table.clone(),
+                schema: projected.clone(),
+                tasks,
+            }) as Arc<dyn PartitionStream>
+        })
+        .collect();
+    Ok(Arc::new(StreamingTableExec::try_new(
+        projected,
+        streams,
+        None,
+        vec![],
+        false,
+        None,
+    )?))
+}
+
+#[derive(Debug)]
+struct IcebergPartition {
+    table: Table,
+    schema: SchemaRef,
+    tasks: Vec<FileScanTask>,
+}
+
+impl PartitionStream for IcebergPartition {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let schema = self.schema.clone();
+        let table = self.table.clone();
+        let tasks = self.tasks.clone();
+        let out = schema.clone();
+        let stream = futures::stream::once(async move {
+            let tasks = futures::stream::iter(tasks.into_iter().map(Ok)).boxed();
+            table
+                .reader_builder()
+                .build()
+                .read(tasks)
+                .map(|r| r.stream().map_err(ext))
+                .map_err(ext)
+        })
+        .try_flatten()
+        .map(move |batch| {
+            let batch = batch?;
+            // Iceberg's batches carry field-id metadata; re-label them with skiff's schema.
+            if out.fields().is_empty() {
+                let opts = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+                return Ok(RecordBatch::try_new_with_options(
+                    out.clone(),
+                    vec![],
+                    &opts,
+                )?);
+            }
+            Ok(RecordBatch::try_new(out.clone(), batch.columns().to_vec())?)
+        });
+        Box::pin(RecordBatchStreamAdapter::new(schema, stream))
+    }
+}
+
+fn ext(e: iceberg::Error) -> DataFusionError {
+    DataFusionError::External(Box::new(e))
+}

@@ -1,0 +1,183 @@
+//! DataFusion tables over Iceberg: one physical table, or the versions of a versioned table
+//! read as one. Each is built per query from freshly loaded metadata, so its schema and the
+//! snapshot it scans always agree.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use arrow::datatypes::SchemaRef;
+use async_trait::async_trait;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::ScalarValue;
+use datafusion::datasource::TableType;
+use datafusion::error::Result as DFResult;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_expr::expressions::{CastExpr, Column, Literal};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::union::UnionExec;
+use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr};
+use iceberg::table::Table;
+
+use super::scan;
+use super::versions::union_schema;
+use crate::error::SkiffError;
+
+#[derive(Debug)]
+pub struct PhysicalTable {
+    table: Table,
+    schema: SchemaRef,
+}
+
+impl PhysicalTable {
+    pub fn try_new(table: Table) -> Result<Self, SkiffError> {
+        let schema = scan::arrow_schema(&table)?;
+        Ok(Self { table, schema })
+    }
+}
+
+#[async_trait]
+impl TableProvider for PhysicalTable {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> DFResult<Vec<TableProviderFilterPushDown>> {
+        Ok(scan::pushdown(filters))
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        scan::scan(&self.table, &self.schema, state, projection, filters, limit).await
+    }
+}
+
+/// Every version of a table as one: a UNION ALL of per-version scans, each projected onto
+/// the union schema (typed NULL for a column the version lacks, a cast where a type widened).
+/// Filters and projections reach each version's scan, so pruning works per version.
+#[derive(Debug)]
+pub struct VersionedTable {
+    versions: Vec<PhysicalTable>,
+    schema: SchemaRef,
+}
+
+impl VersionedTable {
+    pub fn try_new(tables: Vec<Table>) -> Result<Self, SkiffError> {
+        let versions = tables
+            .into_iter()
+            .map(PhysicalTable::try_new)
+            .collect::<Result<Vec<_>, _>>()?;
+        let named: Vec<_> = versions
+            .iter()
+            .map(|v| (v.table.identifier().to_string(), v.schema.clone()))
+            .collect();
+        let schema = union_schema(&named).map_err(SkiffError::InvalidQuery)?;
+        Ok(Self { versions, schema })
+    }
+
+    async fn scan_version(
+        &self,
+        version: &PhysicalTable,
+        state: &dyn Session,
+        columns: &[usize],
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        let vs = &version.schema;
+        // The version's own columns among those wanted, in the order its scan returns them.
+        let own: Vec<usize> = columns
+            .iter()
+            .filter_map(|&i| vs.index_of(self.schema.field(i).name()).ok())
+            .collect();
+        // A filter goes down only if the version has all its columns with the union's type.
+        let pushed: Vec<Expr> = filters
+            .iter()
+            .filter(|f| {
+                f.column_refs().iter().all(|c| {
+                    vs.field_with_name(&c.name)
+                        .ok()
+                        .zip(self.schema.field_with_name(&c.name).ok())
+                        .is_some_and(|(a, b)| a.data_type() == b.data_type())
+                })
+            })
+            .cloned()
+            .collect();
+        let input = version.scan(state, Some(&own), &pushed, limit).await?;
+        let input_schema = input.schema();
+        let mut exprs: Vec<(Arc<dyn PhysicalExpr>, String)> = Vec::with_capacity(columns.len());
+        for &i in columns {
+            let field = self.schema.field(i);
+            let expr: Arc<dyn PhysicalExpr> = match input_schema.index_of(field.name()) {
+                Ok(j) => {
+                    let col: Arc<dyn PhysicalExpr> = Arc::new(Column::new(field.name(), j));
+                    if input_schema.field(j).data_type() == field.data_type() {
+                        col
+                    } else {
+                        Arc::new(CastExpr::new(col, field.data_type().clone(), None))
+                    }
+                }
+                Err(_) => Arc::new(Literal::new(ScalarValue::try_from(field.data_type())?)),
+            };
+            exprs.push((expr, field.name().clone()));
+        }
+        Ok(Arc::new(ProjectionExec::try_new(exprs, input)?))
+    }
+}
+
+#[async_trait]
+impl TableProvider for VersionedTable {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> DFResult<Vec<TableProviderFilterPushDown>> {
+        Ok(scan::pushdown(filters))
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        let columns: Vec<usize> = match projection {
+            Some(p) => p.clone(),
+            None => (0..self.schema.fields().len()).collect(),
+        };
+        let mut branches = Vec::with_capacity(self.versions.len());
+        for v in &self.versions {
+            branches.push(
+                self.scan_version(v, state, &columns, filters, limit)
+                    .await?,
+            );
+        }
+        UnionExec::try_new(branches)
+    }
+}

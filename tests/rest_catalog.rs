@@ -1,0 +1,201 @@
+//! A REST catalog as Basin Catalog is one: bearer token, no OAuth, S3 credentials vended in
+//! `loadTable`'s config, tables on an S3-compatible store. The catalog here is the test
+//! fixture `tests/fixtures/rest_catalog.py` (no REST catalog server installs on this
+//! machine) over moto's S3 server; PyIceberg writes the lake through it.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+const CATALOG_TOKEN: &str = "cf-api-token-7d41";
+
+struct RestLake {
+    _dir: tempfile::TempDir,
+    _s3: FixtureServer,
+    catalog: FixtureServer,
+}
+
+fn rest_lake(prefix: Option<&str>) -> RestLake {
+    let dir = tempdir();
+    let s3 = FixtureServer::start("s3_server.py", &["--bucket", "lakebucket"]);
+    let db = dir.path().join("rest.db").display().to_string();
+    let mut args = vec![
+        "--db",
+        &db,
+        "--warehouse",
+        "s3://lakebucket/wh",
+        "--token",
+        CATALOG_TOKEN,
+    ];
+    let s3_url = s3.url();
+    args.extend(["--s3-endpoint", &s3_url]);
+    if let Some(p) = prefix {
+        args.extend(["--prefix", p]);
+    }
+    let catalog = FixtureServer::start("rest_catalog.py", &args);
+    fixture(
+        "write_rest_lake.py",
+        &[
+            "init",
+            "--uri",
+            &catalog.url(),
+            "--token",
+            CATALOG_TOKEN,
+            "--events",
+            "2000",
+        ],
+    );
+    RestLake {
+        _dir: dir,
+        _s3: s3,
+        catalog,
+    }
+}
+
+fn serve_rest(lake: &RestLake, token: &str) -> Server {
+    Server::start(Opts {
+        args: vec![
+            "--catalog-uri".into(),
+            lake.catalog.url(),
+            "--warehouse".into(),
+            "wh_name".into(),
+        ],
+        env: vec![("CF_API_TOKEN", token.to_string())],
+        ..Default::default()
+    })
+}
+
+fn counts(lake: &RestLake) -> serde_json::Value {
+    fixture(
+        "write_rest_lake.py",
+        &[
+            "counts",
+            "--uri",
+            &lake.catalog.url(),
+            "--token",
+            CATALOG_TOKEN,
+        ],
+    )["counts"]
+        .clone()
+}
+
+#[test]
+fn reads_a_rest_catalog_with_vended_credentials() {
+    let lake = rest_lake(Some("accounts/acc/buckets/b"));
+    let s = serve_rest(&lake, CATALOG_TOKEN);
+    let expected = counts(&lake);
+    for table in ["glass.events", "glass.identities"] {
+        let n = s.rows(&format!("SELECT count(*) AS n FROM {table}"))[0]["n"].clone();
+        assert_eq!(n, expected[table], "{table}");
+    }
+    let rows = s.rows(
+        "SELECT event, count(*) AS n FROM glass.events GROUP BY event ORDER BY n DESC LIMIT 1",
+    );
+    assert_eq!(rows.len(), 1);
+    // Reads went to the S3 server and were counted.
+    let r = s.post(
+        "/api/v1/accounts/a/basin-sql/query/b",
+        r#"{"query": "SELECT count(DISTINCT device_id) FROM glass.events"}"#,
+    );
+    let v: serde_json::Value = r.json().unwrap();
+    assert!(
+        v["result"]["metrics"]["r2_requests_count"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{v}"
+    );
+    assert!(
+        !s.log_text().contains(CATALOG_TOKEN),
+        "the catalog token reached the log"
+    );
+}
+
+#[test]
+fn new_snapshots_and_versions_through_rest_are_seen() {
+    let lake = rest_lake(None);
+    let s = Server::start(Opts {
+        args: vec![
+            "--catalog-uri".into(),
+            lake.catalog.url(),
+            "--catalog-token".into(),
+            CATALOG_TOKEN.into(),
+            "--refresh-interval".into(),
+            "1s".into(),
+        ],
+        ..Default::default()
+    });
+    let before = s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"]
+        .as_u64()
+        .unwrap();
+    fixture(
+        "write_rest_lake.py",
+        &[
+            "append",
+            "--uri",
+            &lake.catalog.url(),
+            "--token",
+            CATALOG_TOKEN,
+            "--table",
+            "glass.events",
+            "--rows",
+            "77",
+            "--seed",
+            "99",
+        ],
+    );
+    assert_eq!(
+        s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"]
+            .as_u64()
+            .unwrap(),
+        before + 77
+    );
+    fixture(
+        "write_rest_lake.py",
+        &[
+            "create-v2",
+            "--uri",
+            &lake.catalog.url(),
+            "--token",
+            CATALOG_TOKEN,
+            "--rows",
+            "200",
+        ],
+    );
+    eventually(15, || {
+        (s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"]
+            .as_u64()
+            .unwrap()
+            == before + 277)
+            .then_some(())
+    });
+    let rows = s.rows(
+        "SELECT count(*) AS n FROM glass.events WHERE utm_source IS NULL AND revenue IS NULL",
+    );
+    assert!(rows[0]["n"].as_u64().unwrap() >= before + 77);
+}
+
+#[test]
+fn a_wrong_catalog_token_is_a_clear_startup_error() {
+    let lake = rest_lake(None);
+    let out = Command::new(skiff_bin())
+        .args([
+            "serve",
+            "--http-addr",
+            &format!("127.0.0.1:{}", free_port()),
+            "--catalog-uri",
+            &lake.catalog.url(),
+        ])
+        .env("CF_API_TOKEN", "not-the-token-31337")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("catalog"), "{stderr}");
+    assert!(
+        !stderr.contains("not-the-token-31337"),
+        "the token was printed: {stderr}"
+    );
+}

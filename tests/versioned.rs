@@ -1,0 +1,272 @@
+//! Versioned tables: `glass.events` is every version (`events`, `events_v2`, …) as one
+//! UNION ALL by column name, with typed NULLs for what a version lacks.
+
+mod common;
+
+use std::sync::OnceLock;
+
+use common::*;
+use serde_json::json;
+
+fn count(s: &Server, sql_from: &str) -> u64 {
+    s.rows(&format!("SELECT count(*) AS n FROM {sql_from}"))[0]["n"]
+        .as_u64()
+        .unwrap()
+}
+
+/// A PyIceberg lake shared by the read-only tests here.
+fn lake() -> &'static (tempfile::TempDir, Server) {
+    static L: OnceLock<(tempfile::TempDir, Server)> = OnceLock::new();
+    L.get_or_init(|| {
+        let dir = tempdir();
+        py_lake(dir.path(), 30_000);
+        let s = Server::lake(dir.path());
+        (dir, s)
+    })
+}
+
+#[test]
+fn the_base_name_reads_every_version_in_order() {
+    let s = &lake().1;
+    let (v1, v2) = (count(s, "glass.events_v1"), count(s, "glass.events_v2"));
+    assert!(v1 > 0 && v2 > 0);
+    assert_eq!(count(s, "glass.events"), v1 + v2);
+    // `_v1` is the physical first version (stored as plain `events`): gen_lake.py writes
+    // it the 60 days before 2026-09-30.
+    assert_eq!(
+        v1,
+        count(
+            s,
+            "glass.events WHERE timestamp < TIMESTAMP '2026-09-30 00:00:00'"
+        )
+    );
+    // Columns: v1's, then those v2 adds, in first-appearance order.
+    let cols: Vec<String> = s
+        .rows("DESCRIBE glass.events")
+        .iter()
+        .map(|r| r["column_name"].as_str().unwrap().to_string())
+        .collect();
+    let v1_cols: Vec<String> = s
+        .rows("DESCRIBE glass.events_v1")
+        .iter()
+        .map(|r| r["column_name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(&cols[..v1_cols.len()], &v1_cols[..]);
+    assert_eq!(
+        &cols[v1_cols.len()..],
+        &["utm_source", "utm_medium", "utm_campaign", "revenue"]
+    );
+    let star = s.rows("SELECT * FROM glass.events LIMIT 1");
+    assert_eq!(star[0].as_object().unwrap().len(), cols.len());
+}
+
+#[test]
+fn later_columns_are_typed_nulls_in_older_versions() {
+    let s = &lake().1;
+    // gen_lake.py writes events_v2 from 2026-09-30 on: before that, only v1 has rows.
+    let rows = s.rows(
+        "SELECT count(*) AS n, sum(revenue) AS revenue, avg(revenue) AS avg, max(utm_source) AS src \
+         FROM glass.events WHERE timestamp < TIMESTAMP '2026-09-01 00:00:00'",
+    );
+    assert!(rows[0]["n"].as_u64().unwrap() > 0);
+    assert_eq!(rows[0]["revenue"], json!(null));
+    assert_eq!(rows[0]["avg"], json!(null));
+    assert_eq!(rows[0]["src"], json!(null));
+    let t = s.rows("SELECT arrow_typeof(revenue) AS t, arrow_typeof(utm_source) AS u FROM glass.events LIMIT 1");
+    assert_eq!(t[0], json!({"t": "Float64", "u": "Utf8"}));
+    let total = s.rows("SELECT sum(revenue) > 0 AS some FROM glass.events");
+    assert_eq!(total[0]["some"], true);
+}
+
+#[test]
+fn filters_and_projections_reach_every_branch() {
+    let s = &lake().1;
+    let plan = s.rows(
+        "EXPLAIN SELECT event, url FROM glass.events WHERE timestamp >= TIMESTAMP '2026-10-20 00:00:00'",
+    );
+    let physical = plan
+        .iter()
+        .find(|r| r["plan_type"] == "physical_plan")
+        .expect("physical plan")["plan"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let scans: Vec<&str> = physical
+        .lines()
+        .filter(|l| l.contains("DataSourceExec"))
+        .collect();
+    assert_eq!(scans.len(), 2, "one scan per version:\n{physical}");
+    for scan in &scans {
+        assert!(
+            scan.contains("predicate=") && scan.contains("timestamp"),
+            "the filter reaches the scan:\n{scan}"
+        );
+        assert!(
+            scan.contains("projection=[event, url, timestamp]")
+                || scan.contains("projection=[timestamp, event, url]")
+                || scan.contains("projection=[event, timestamp, url]"),
+            "only the needed columns are read:\n{scan}"
+        );
+    }
+    assert!(physical.contains("UnionExec"), "{physical}");
+}
+
+fn basin_metrics(s: &Server, sql: &str) -> serde_json::Value {
+    let r = s.post(
+        "/api/v1/accounts/acc/basin-sql/query/bucket",
+        json!({ "query": sql }).to_string(),
+    );
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().unwrap();
+    assert_eq!(v["success"], true, "{v}");
+    v["result"]["metrics"].clone()
+}
+
+#[test]
+fn a_time_filter_prunes_files_in_each_version() {
+    let s = &lake().1;
+    let all = basin_metrics(s, "SELECT count(DISTINCT url) AS n FROM glass.events");
+    let recent = basin_metrics(
+        s,
+        "SELECT count(DISTINCT url) AS n FROM glass.events WHERE timestamp >= TIMESTAMP '2026-10-25 00:00:00'",
+    );
+    let old = basin_metrics(
+        s,
+        "SELECT count(DISTINCT url) AS n FROM glass.events WHERE timestamp < TIMESTAMP '2026-08-05 00:00:00'",
+    );
+    let files = |m: &serde_json::Value| m["files_scanned"].as_u64().unwrap();
+    let bytes = |m: &serde_json::Value| m["bytes_scanned"].as_u64().unwrap();
+    assert!(files(&all) > 0 && bytes(&all) > 0, "{all}");
+    assert!(files(&recent) < files(&all) / 4, "{recent} vs {all}");
+    assert!(files(&old) < files(&all) / 4, "{old} vs {all}");
+    assert!(bytes(&recent) < bytes(&all) && bytes(&old) < bytes(&all));
+}
+
+#[test]
+fn a_new_version_is_read_without_restart() {
+    let dir = tempdir();
+    py_lake(dir.path(), 10_000);
+    let s = Server::start(Opts {
+        args: [
+            lake_args(dir.path()),
+            vec!["--refresh-interval".into(), "1s".into()],
+        ]
+        .concat(),
+        ..Default::default()
+    });
+    let before = count(&s, "glass.events");
+    fixture(
+        "write_local.py",
+        &[
+            "create-version",
+            "--lake",
+            &dir.path().display().to_string(),
+            "--table",
+            "glass.events_v3",
+            "--extra-column",
+            "plan:string",
+            "--rows",
+            "250",
+        ],
+    );
+    eventually(15, || {
+        (count(&s, "glass.events") == before + 250).then_some(())
+    });
+    assert_eq!(count(&s, "glass.events WHERE plan IS NOT NULL"), 250);
+    assert_eq!(count(&s, "glass.events WHERE plan IS NULL"), before);
+    let cols = s.rows("DESCRIBE glass.events");
+    assert_eq!(cols.last().unwrap()["column_name"], "plan");
+}
+
+#[test]
+fn pinned_versions_and_a_missing_one() {
+    let dir = tempdir();
+    py_lake(dir.path(), 5_000);
+    let pinned = |versions: &str| {
+        Server::start(Opts {
+            args: lake_args(dir.path()),
+            env: vec![("LAKE_VERSIONS", versions.to_string())],
+            ..Default::default()
+        })
+    };
+    let s = pinned("events=1;identities=1");
+    assert_eq!(count(&s, "glass.events"), count(&s, "glass.events_v1"));
+    assert!(
+        s.rows("DESCRIBE glass.events")
+            .iter()
+            .all(|r| r["column_name"] != "revenue")
+    );
+    drop(s);
+    let s = pinned("events=1,2,3");
+    let (code, msg) = s.error("SELECT count(*) FROM glass.events", 404);
+    assert_eq!(code, "table_not_found");
+    assert!(
+        msg.contains("events_v3") && msg.contains("LAKE_VERSIONS"),
+        "{msg}"
+    );
+    // The physical versions still answer.
+    assert!(count(&s, "glass.events_v2") > 0);
+    drop(s);
+    let bad = std::process::Command::new(skiff_bin())
+        .args(["serve", "--lake-versions", "events=one"])
+        .args(lake_args(dir.path()))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("LAKE_VERSIONS"));
+}
+
+#[test]
+fn column_types_widen_or_fail_clearly() {
+    let dir = tempdir();
+    py_lake(dir.path(), 2_000);
+    let lake = dir.path().display().to_string();
+    fixture("write_local.py", &["create-conflict", "--lake", &lake]);
+    fixture("write_local.py", &["create-widen", "--lake", &lake]);
+    let s = Server::lake(dir.path());
+    let (code, msg) = s.error("SELECT * FROM glass.things", 400);
+    assert_eq!(code, "invalid_query");
+    assert!(
+        msg.contains("column n") && msg.contains("glass.things") && msg.contains("glass.things_v2"),
+        "{msg}"
+    );
+    let t = s.rows("SELECT arrow_typeof(n) AS n, arrow_typeof(x) AS x FROM glass.nums LIMIT 1");
+    assert_eq!(t[0], json!({"n": "Int64", "x": "Float64"}));
+    let sums = s.rows("SELECT count(*) AS c, sum(n) IS NOT NULL AS s FROM glass.nums");
+    assert_eq!(sums[0]["s"], true);
+    assert_eq!(
+        sums[0]["c"].as_u64().unwrap(),
+        count(&s, "glass.nums_v1") + count(&s, "glass.nums_v2")
+    );
+}
+
+#[test]
+fn a_version_without_data_files_is_fine() {
+    let dir = tempdir();
+    py_lake(dir.path(), 2_000);
+    fixture(
+        "write_local.py",
+        &[
+            "create-version",
+            "--lake",
+            &dir.path().display().to_string(),
+            "--table",
+            "glass.identities_v2",
+            "--from",
+            "glass.identities",
+            "--extra-column",
+            "email:string",
+            "--rows",
+            "0",
+        ],
+    );
+    let s = Server::lake(dir.path());
+    assert_eq!(
+        count(&s, "glass.identities"),
+        count(&s, "glass.identities_v1")
+    );
+    assert_eq!(
+        count(&s, "glass.identities WHERE email IS NULL"),
+        count(&s, "glass.identities_v1")
+    );
+}

@@ -1,0 +1,112 @@
+// Validates ../wrangler.jsonc without Cloudflare or Docker.
+//
+// `wrangler deploy --dry-run` bundles the Worker offline but then needs a Docker daemon to
+// build the container image, so it cannot run here or in CI. Instead:
+//  1. `wrangler types` runs wrangler's own config validation (container fields, bindings,
+//     migrations, that the image path is a Dockerfile) and derives the Env it would deploy;
+//  2. this script asserts the container / Durable Object / migration / vars wiring.
+// wrangler runs in a temporary mirror of the repo root so it leaves no .wrangler/ behind.
+import { execFileSync } from "node:child_process";
+import { existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const workerDir = resolve(dirname(fileURLToPath(import.meta.url)), "..");
+const root = resolve(workerDir, "..");
+const configPath = join(root, "wrangler.jsonc");
+const failures = [];
+const check = (ok, what) => (ok ? console.log(`ok   ${what}`) : failures.push(what) && console.log(`FAIL ${what}`));
+
+/** JSONC -> JSON: drops // and /* comments outside strings (URLs hold "//") and trailing commas. */
+function stripJsonc(text) {
+  let out = "";
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (c === '"') {
+      let j = i + 1;
+      while (j < text.length && text[j] !== '"') j += text[j] === "\\" ? 2 : 1;
+      out += text.slice(i, j + 1);
+      i = j;
+    } else if (c === "/" && text[i + 1] === "/") {
+      while (i < text.length && text[i] !== "\n") i++;
+      out += "\n";
+    } else if (c === "/" && text[i + 1] === "*") {
+      i = text.indexOf("*/", i + 2) + 1;
+      if (i === 0) throw new Error("unterminated /* comment");
+    } else {
+      out += c;
+    }
+  }
+  return out.replace(/,(\s*[}\]])/g, "$1");
+}
+
+const raw = readFileSync(configPath, "utf8");
+const cfg = JSON.parse(stripJsonc(raw));
+
+// 1. wrangler's own validation, in a mirror of the repo root.
+const mirror = mkdtempSync(join(tmpdir(), "skiff-check-config-"));
+try {
+  writeFileSync(join(mirror, "wrangler.jsonc"), raw);
+  symlinkSync(workerDir, join(mirror, "worker"));
+  const dockerfile = join(root, "Dockerfile");
+  if (existsSync(dockerfile)) {
+    symlinkSync(dockerfile, join(mirror, "Dockerfile"));
+  } else {
+    console.log("note the repo has no Dockerfile yet: wrangler checks against a placeholder");
+    writeFileSync(join(mirror, "Dockerfile"), "FROM scratch\n");
+  }
+  const typesFile = join(mirror, "env.d.ts");
+  let types = "";
+  try {
+    execFileSync(
+      join(workerDir, "node_modules", ".bin", "wrangler"),
+      ["types", typesFile, "--config", join(mirror, "wrangler.jsonc"), "--include-runtime=false"],
+      { cwd: mirror, stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, WRANGLER_SEND_METRICS: "false" } },
+    );
+    types = readFileSync(typesFile, "utf8");
+    check(true, "wrangler types accepts wrangler.jsonc");
+  } catch (e) {
+    check(false, `wrangler types accepts wrangler.jsonc:\n${e.stdout ?? ""}${e.stderr ?? e}`);
+  }
+  check(/SKIFF: DurableObjectNamespace<import\(".*worker\/src\/index"\)\.SkiffContainer>/.test(types), "wrangler derives SKIFF as the SkiffContainer namespace");
+  check(/durableNamespaces: "SkiffContainer"/.test(types), "wrangler sees SkiffContainer as a Durable Object class");
+} finally {
+  rmSync(mirror, { recursive: true, force: true });
+}
+
+// 2. The wiring skiff needs.
+check(typeof cfg.name === "string" && cfg.name.length > 0, "name is set");
+check(cfg.main === "worker/src/index.ts" && existsSync(join(root, cfg.main)), "main is worker/src/index.ts and exists");
+check(/^\d{4}-\d{2}-\d{2}$/.test(cfg.compatibility_date ?? ""), "compatibility_date is a date");
+check(/export\s*\{\s*SkiffContainer\s*\}/.test(readFileSync(join(root, cfg.main), "utf8")), "main exports SkiffContainer");
+
+const containers = cfg.containers ?? [];
+const c = containers[0] ?? {};
+check(containers.length === 1 && c.class_name === "SkiffContainer", "one container, class SkiffContainer");
+check(c.image === "./Dockerfile", "container image is ./Dockerfile");
+check(c.instance_type === "standard-1", "instance_type is standard-1");
+const pool = Number.parseInt(cfg.vars?.SKIFF_INSTANCES ?? "1", 10);
+check(Number.isInteger(c.max_instances) && c.max_instances >= pool, `max_instances (${c.max_instances}) >= SKIFF_INSTANCES (${pool})`);
+
+const bindings = cfg.durable_objects?.bindings ?? [];
+check(bindings.some((b) => b.name === "SKIFF" && b.class_name === "SkiffContainer" && !b.script_name), "Durable Object binding SKIFF -> SkiffContainer");
+const migrations = cfg.migrations ?? [];
+check(migrations.some((m) => (m.new_sqlite_classes ?? []).includes("SkiffContainer")), "migration creates SkiffContainer as a SQLite class");
+check(!migrations.some((m) => (m.new_classes ?? []).includes("SkiffContainer")), "SkiffContainer is not a key-value-backed class");
+
+const vars = cfg.vars ?? {};
+for (const k of ["SKIFF_CATALOG_URI", "SKIFF_WAREHOUSE", "LAKE_VERSIONS", "SKIFF_INSTANCES"]) {
+  check(typeof vars[k] === "string" && vars[k].length > 0, `vars.${k} is set`);
+}
+check(/^https:\/\/catalog\.cloudflarestorage\.com\/[^/]+\/[^/]+$/.test(vars.SKIFF_CATALOG_URI ?? ""), "SKIFF_CATALOG_URI is a Basin Catalog URI");
+for (const secret of ["API_TOKEN", "CF_API_TOKEN", "SKIFF_CATALOG_TOKEN"]) {
+  check(!(secret in vars), `${secret} is not a plain var (it is a secret)`);
+  if (secret !== "SKIFF_CATALOG_TOKEN") check(raw.includes(`wrangler secret put ${secret}`), `comments say: wrangler secret put ${secret}`);
+}
+
+if (failures.length > 0) {
+  console.log(`\ncheck-config: ${failures.length} problem(s)`);
+  process.exit(1);
+}
+console.log("\ncheck-config: wrangler.jsonc is wired correctly");
