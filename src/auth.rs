@@ -18,9 +18,7 @@ impl std::fmt::Debug for Auth {
 
 impl Auth {
     pub fn new(tokens: Vec<String>) -> Self {
-        Self {
-            tokens: tokens.into_iter().map(String::into_bytes).collect(),
-        }
+        Self { tokens: tokens.into_iter().map(String::into_bytes).collect() }
     }
 
     pub fn enabled(&self) -> bool {

@@ -46,7 +46,7 @@ pub struct ServeConfig {
     /// Iceberg catalog: `sqlite:///abs/catalog.db`, `sqlite://rel/catalog.db`, `postgres://…`,
     /// or `http(s)://…` for an Iceberg REST catalog such as Basin Catalog.
     /// Unset: `./lake/catalog.db`, written with a demo lake first if missing.
-    #[arg(long, env = "SKIFF_CATALOG_URI")]
+    #[arg(long, env = "SKIFF_CATALOG_URI", hide_env_values = true)]
     pub catalog_uri: Option<String>,
 
     /// Warehouse: `file:///…`, a plain path, `s3://bucket/prefix`, or a REST warehouse name
@@ -105,6 +105,37 @@ pub struct ServeConfig {
     #[arg(long, env = "SKIFF_MAX_SQL_BYTES", default_value_t = 256 * 1024)]
     pub max_sql_bytes: usize,
 
+    /// Longest a query may take, from arrival to its last byte: queueing, planning,
+    /// execution and streaming (`30s`, `2m`). The query is cancelled then.
+    #[arg(long, env = "SKIFF_QUERY_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub query_timeout: Duration,
+
+    /// Queries executing at once; more wait in the queue.
+    #[arg(long, env = "SKIFF_MAX_CONCURRENT_QUERIES", default_value_t = 4)]
+    pub max_concurrent_queries: usize,
+
+    /// Queries waiting for a slot; more are turned away with 429.
+    #[arg(long, env = "SKIFF_MAX_QUEUED_QUERIES", default_value_t = 64)]
+    pub max_queued_queries: usize,
+
+    /// Longest a query waits for a slot before a 429 (`10s`).
+    #[arg(long, env = "SKIFF_QUEUE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub queue_timeout: Duration,
+
+    /// Memory shared by running queries (`512MiB`, `4GiB`); past it they spill to disk or
+    /// fail. Default: 60% of the container's (cgroup) or machine's memory.
+    #[arg(long, env = "SKIFF_MEMORY_LIMIT", value_parser = parse_bytes)]
+    pub memory_limit: Option<usize>,
+
+    /// Most rows a result may have. The Basin route stops there and says so in `messages`;
+    /// `/query` and `/streaming-query` fail rather than return a cut result.
+    #[arg(long, env = "SKIFF_MAX_RESULT_ROWS", default_value_t = 10_000_000)]
+    pub max_result_rows: u64,
+
+    /// Most bytes an encoded result may have (`256MiB`), enforced like `--max-result-rows`.
+    #[arg(long, env = "SKIFF_MAX_RESULT_BYTES", default_value = "1GiB", value_parser = parse_bytes)]
+    pub max_result_bytes: usize,
+
     /// Log each query's SQL text (it may contain user data).
     #[arg(long, env = "SKIFF_LOG_SQL", default_value_t = false)]
     pub log_sql: bool,
@@ -113,38 +144,22 @@ pub struct ServeConfig {
 impl ServeConfig {
     /// The client tokens, from `--api-token`/`API_TOKEN`, else `SKIFF_API_TOKEN`.
     pub fn api_tokens(&self) -> Vec<String> {
-        let raw = self
-            .api_token
-            .clone()
-            .or_else(|| std::env::var("SKIFF_API_TOKEN").ok())
-            .unwrap_or_default();
-        raw.split(',')
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(String::from)
-            .collect()
+        let raw =
+            self.api_token.clone().or_else(|| std::env::var("SKIFF_API_TOKEN").ok()).unwrap_or_default();
+        raw.split(',').map(str::trim).filter(|t| !t.is_empty()).map(String::from).collect()
     }
 
     /// The REST catalog token, falling back to `CF_API_TOKEN` as Cloudflare deployments set it.
     pub fn catalog_token(&self) -> Option<String> {
-        self.catalog_token
-            .clone()
-            .or_else(|| std::env::var("CF_API_TOKEN").ok())
-            .filter(|t| !t.is_empty())
+        self.catalog_token.clone().or_else(|| std::env::var("CF_API_TOKEN").ok()).filter(|t| !t.is_empty())
     }
 
     /// Checks what clap cannot: values that parse but cannot work together.
     pub fn validate(&self) -> Result<PinnedVersions, String> {
         if let Some(uri) = &self.catalog_uri {
-            let ok = [
-                "sqlite:",
-                "postgres://",
-                "postgresql://",
-                "http://",
-                "https://",
-            ]
-            .iter()
-            .any(|p| uri.starts_with(p));
+            let ok = ["sqlite:", "postgres://", "postgresql://", "http://", "https://"]
+                .iter()
+                .any(|p| uri.starts_with(p));
             if !ok {
                 return Err(format!(
                     "--catalog-uri must start with sqlite:, postgres://, http:// or https:// (got {:?})",
@@ -153,10 +168,7 @@ impl ServeConfig {
             }
             let is_sql = !uri.starts_with("http");
             if is_sql && self.warehouse.is_none() {
-                return Err(
-                    "--warehouse is required with a SQL catalog (a path, file:///… or s3://…)"
-                        .into(),
-                );
+                return Err("--warehouse is required with a SQL catalog (a path, file:///… or s3://…)".into());
             }
         } else if self.warehouse.is_some() {
             return Err("--warehouse was given without --catalog-uri".into());
@@ -166,6 +178,14 @@ impl ServeConfig {
         }
         if self.max_body_bytes == 0 || self.max_sql_bytes == 0 {
             return Err("--max-body-bytes and --max-sql-bytes must be positive".into());
+        }
+        if self.max_concurrent_queries == 0 || self.max_result_rows == 0 || self.max_result_bytes == 0 {
+            return Err(
+                "--max-concurrent-queries, --max-result-rows and --max-result-bytes must be positive".into(),
+            );
+        }
+        if self.query_timeout.is_zero() {
+            return Err("--query-timeout must be positive".into());
         }
         if self.refresh_interval < Duration::from_secs(1) {
             return Err("--refresh-interval must be at least 1s".into());
@@ -189,25 +209,44 @@ pub fn redact_uri(uri: &str) -> String {
 /// Parses `500ms`, `30s`, `2m`, `1h` (a bare number is seconds).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("not a duration: {s:?} (try 30s, 2m)"))?;
+    let n: f64 = num.parse().map_err(|_| format!("not a duration: {s:?} (try 30s, 2m)"))?;
     let secs = match unit.trim() {
         "ms" => n / 1000.0,
         "" | "s" => n,
         "m" => n * 60.0,
         "h" => n * 3600.0,
         u => {
-            return Err(format!(
-                "unknown duration unit {u:?} in {s:?} (use ms, s, m or h)"
-            ));
+            return Err(format!("unknown duration unit {u:?} in {s:?} (use ms, s, m or h)"));
         }
     };
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parses `512MiB`, `4GiB`, `1GB`, `64k` (a bare number is bytes).
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("not a size: {s:?} (try 512MiB, 4GiB)"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" => 1e12,
+        "tib" => 1024f64.powi(4),
+        u => return Err(format!("unknown size unit {u:?} in {s:?} (use KiB, MiB, GiB)")),
+    };
+    let bytes = n * mult;
+    if bytes < 1.0 {
+        return Err(format!("{s:?} is less than one byte"));
+    }
+    Ok(bytes as usize)
 }
 
 #[cfg(test)]
@@ -222,6 +261,16 @@ mod tests {
         assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
         assert!(parse_duration("3 weeks").is_err());
         assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("4GiB").unwrap(), 4 << 30);
+        assert_eq!(parse_bytes("1000").unwrap(), 1000);
+        assert_eq!(parse_bytes("1.5kb").unwrap(), 1500);
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("3 parsecs").is_err());
     }
 
     #[test]

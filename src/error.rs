@@ -26,12 +26,18 @@ pub enum SkiffError {
     #[error("not found: {0}")]
     RouteNotFound(String),
     #[error("{dependency} is unavailable: {message}")]
-    Unavailable {
-        dependency: &'static str,
-        message: String,
-    },
+    Unavailable { dependency: &'static str, message: String },
     #[error("query exceeded the memory limit: {0}")]
     ResourcesExhausted(String),
+    #[error("overloaded: {0}; retry later")]
+    Overloaded(String),
+    #[error("query timed out (--query-timeout)")]
+    Timeout,
+    #[error("{0}")]
+    ResultTooLarge(String),
+    /// A data or metadata file that cannot be read as what it should be (corrupt, truncated).
+    #[error("unreadable data: {0}")]
+    DataError(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -62,9 +68,7 @@ pub type StartResult<T> = std::result::Result<T, StartError>;
 impl SkiffError {
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::BadRequest(_) | Self::SqlSyntax(_) | Self::InvalidQuery(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            Self::BadRequest(_) | Self::SqlSyntax(_) | Self::InvalidQuery(_) => StatusCode::BAD_REQUEST,
             Self::ReadOnly(_) => StatusCode::FORBIDDEN,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -72,6 +76,10 @@ impl SkiffError {
             Self::TableNotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::ResourcesExhausted(_) => StatusCode::INSUFFICIENT_STORAGE,
+            Self::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::ResultTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::DataError(_) => StatusCode::BAD_GATEWAY,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -80,10 +88,16 @@ impl SkiffError {
     /// (its code says which), so a missing table is 400 there, not 404.
     pub fn basin_status(&self) -> StatusCode {
         match self {
-            Self::TableNotFound(_) | Self::ReadOnly(_) | Self::RouteNotFound(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            Self::TableNotFound(_) | Self::ReadOnly(_) | Self::RouteNotFound(_) => StatusCode::BAD_REQUEST,
             other => other.status(),
+        }
+    }
+
+    /// Seconds a client should wait before retrying, for errors worth retrying.
+    pub fn retry_after(&self) -> Option<&'static str> {
+        match self {
+            Self::Unavailable { .. } | Self::Overloaded(_) => Some("1"),
+            _ => None,
         }
     }
 
@@ -101,6 +115,10 @@ impl SkiffError {
             Self::RouteNotFound(_) => "not_found",
             Self::Unavailable { .. } => "unavailable",
             Self::ResourcesExhausted(_) => "resources_exhausted",
+            Self::Overloaded(_) => "overloaded",
+            Self::Timeout => "timeout",
+            Self::ResultTooLarge(_) => "result_too_large",
+            Self::DataError(_) => "data_error",
             Self::Internal(_) => "internal",
         }
     }
@@ -114,12 +132,16 @@ impl SkiffError {
             Self::Unauthorized => 10000,
             Self::Unavailable { .. } => 80001,
             Self::Internal(_) => 10001,
+            Self::Overloaded(_) => 42900,
+            Self::Timeout => 40008,
             Self::BadRequest(_)
             | Self::UnsupportedMediaType(_)
             | Self::PayloadTooLarge { .. }
             | Self::InvalidQuery(_)
             | Self::ReadOnly(_)
             | Self::RouteNotFound(_)
+            | Self::ResultTooLarge(_)
+            | Self::DataError(_)
             | Self::ResourcesExhausted(_) => 40004,
         }
     }
@@ -138,14 +160,22 @@ impl SkiffError {
                 }
                 Self::classify_message(&e.strip_backtrace())
             }
-            DataFusionError::IoError(io) => Self::Unavailable {
-                dependency: "object store",
-                message: io.to_string(),
+            DataFusionError::ParquetError(pe) => match pe.as_ref() {
+                // Reads go through Iceberg's FileIO: its errors are storage outages.
+                parquet::errors::ParquetError::External(inner) => {
+                    match inner.downcast_ref::<iceberg::Error>() {
+                        Some(ie) => Self::from_iceberg(ie),
+                        None => Self::DataError(clean(&pe.to_string())),
+                    }
+                }
+                other => Self::DataError(clean(&other.to_string())),
             },
-            DataFusionError::ObjectStore(os) => Self::Unavailable {
-                dependency: "object store",
-                message: os.to_string(),
-            },
+            DataFusionError::IoError(io) => {
+                Self::Unavailable { dependency: "object store", message: io.to_string() }
+            }
+            DataFusionError::ObjectStore(os) => {
+                Self::Unavailable { dependency: "object store", message: os.to_string() }
+            }
             DataFusionError::Plan(_)
             | DataFusionError::SchemaError(..)
             | DataFusionError::NotImplemented(_)
@@ -168,15 +198,9 @@ impl SkiffError {
         let message = clean(&e.to_string());
         match e.kind() {
             K::TableNotFound | K::NamespaceNotFound => Self::TableNotFound(message),
-            K::DataInvalid | K::FeatureUnsupported | K::PreconditionFailed => {
-                Self::InvalidQuery(message)
-            }
+            K::DataInvalid | K::FeatureUnsupported | K::PreconditionFailed => Self::InvalidQuery(message),
             _ => Self::Unavailable {
-                dependency: if message.contains("catalog") {
-                    "catalog"
-                } else {
-                    "object store"
-                },
+                dependency: if message.contains("catalog") { "catalog" } else { "object store" },
                 message,
             },
         }
@@ -189,14 +213,12 @@ impl SkiffError {
     /// A copy for errors that crossed DataFusion boxed inside `External`.
     fn clone_shallow(&self) -> Self {
         match self {
-            Self::Unavailable {
-                dependency,
-                message,
-            } => Self::Unavailable {
-                dependency,
-                message: message.clone(),
-            },
+            Self::Unavailable { dependency, message } => {
+                Self::Unavailable { dependency, message: message.clone() }
+            }
             Self::TableNotFound(m) => Self::TableNotFound(m.clone()),
+            Self::Timeout => Self::Timeout,
+            Self::Overloaded(m) => Self::Overloaded(m.clone()),
             Self::InvalidQuery(m) => Self::InvalidQuery(m.clone()),
             Self::ReadOnly(m) => Self::ReadOnly(m.clone()),
             other => Self::Internal(other.to_string()),
@@ -227,9 +249,7 @@ fn missing_table(m: &str) -> Option<String> {
 /// which skiff never reads.
 pub fn table_not_found(name: &str) -> SkiffError {
     if name.contains('/') || name.contains("://") || name.contains('\\') {
-        return SkiffError::ReadOnly(format!(
-            "reading files or URLs as tables is not allowed: {name}"
-        ));
+        return SkiffError::ReadOnly(format!("reading files or URLs as tables is not allowed: {name}"));
     }
     SkiffError::TableNotFound(format!("table not found: {name}"))
 }
@@ -259,19 +279,14 @@ mod tests {
     #[test]
     fn missing_tables_are_recognised() {
         let e = DataFusionError::Plan("table 'datafusion.glass.nope' not found".into());
-        assert!(
-            matches!(SkiffError::from(e), SkiffError::TableNotFound(m) if m.contains("glass.nope"))
-        );
+        assert!(matches!(SkiffError::from(e), SkiffError::TableNotFound(m) if m.contains("glass.nope")));
         let e = DataFusionError::Plan("table 'datafusion.public./etc/passwd' not found".into());
         assert!(matches!(SkiffError::from(e), SkiffError::ReadOnly(_)));
     }
 
     #[test]
     fn codes_agree() {
-        let e = SkiffError::Unavailable {
-            dependency: "catalog",
-            message: "down".into(),
-        };
+        let e = SkiffError::Unavailable { dependency: "catalog", message: "down".into() };
         assert_eq!((e.status().as_u16(), e.basin_code()), (503, 80001));
         assert_eq!(SkiffError::SqlSyntax("x".into()).basin_code(), 40003);
         assert_eq!(SkiffError::TableNotFound("x".into()).basin_code(), 40010);

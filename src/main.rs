@@ -25,16 +25,9 @@ use crate::error::{StartError, StartResult};
 fn main() -> ExitCode {
     // A bare `skiff` serves with defaults and the environment.
     let args: Vec<String> = std::env::args().collect();
-    let cli = if args.len() == 1 {
-        Cli::parse_from(["skiff", "serve"])
-    } else {
-        Cli::parse()
-    };
+    let cli = if args.len() == 1 { Cli::parse_from(["skiff", "serve"]) } else { Cli::parse() };
     init_tracing();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("skiff: cannot start the runtime: {e}");
@@ -46,11 +39,7 @@ fn main() -> ExitCode {
             Command::Serve(cfg) => serve(*cfg).await,
             Command::Demo(args) => {
                 catalog::demo::write(&args.out, args.events).await?;
-                println!(
-                    "wrote a demo lake with {} events to {}",
-                    args.events,
-                    args.out.display()
-                );
+                println!("wrote a demo lake with {} events to {}", args.events, args.out.display());
                 Ok(())
             }
         }
@@ -68,10 +57,8 @@ fn main() -> ExitCode {
 fn init_tracing() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi);
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     if std::env::var("SKIFF_LOG_FORMAT").is_ok_and(|f| f == "json") {
         builder.json().init();
     } else {
@@ -84,7 +71,15 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
     let conn = catalog::connect(&cfg).await?;
     let lake = lake::Lake::new(conn.catalog.clone(), pinned).await?;
     lake.spawn_refresh(cfg.refresh_interval);
-    let engine = engine::Engine::new(lake.clone(), cfg.max_sql_bytes)?;
+    let limits = engine::Limits {
+        max_sql_bytes: cfg.max_sql_bytes,
+        query_timeout: cfg.query_timeout,
+        max_concurrent: cfg.max_concurrent_queries,
+        max_queued: cfg.max_queued_queries,
+        queue_timeout: cfg.queue_timeout,
+        memory_limit: cfg.memory_limit.unwrap_or_else(engine::limits::default_memory_limit),
+    };
+    let engine = engine::Engine::new(lake.clone(), limits)?;
     let auth = auth::Auth::new(cfg.api_tokens());
     let listener = tokio::net::TcpListener::bind(cfg.http_addr)
         .await
@@ -107,11 +102,11 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
         auth,
         catalog_kind: conn.kind,
         max_body_bytes: cfg.max_body_bytes,
+        max_result_rows: cfg.max_result_rows,
+        max_result_bytes: cfg.max_result_bytes as u64,
         log_sql: cfg.log_sql,
     });
-    axum::serve(listener, http::router(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    axum::serve(listener, http::router(state)).with_graceful_shutdown(shutdown_signal()).await?;
     tracing::info!("skiff stopped");
     Ok(())
 }

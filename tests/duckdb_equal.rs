@@ -17,32 +17,14 @@ fn compare(lake: &Path, server: &Server, queries: &Path) {
         .arg(lake)
         .arg("--queries")
         .arg(queries)
-        .args([
-            "--server",
-            &server.base,
-            "--token",
-            TOKEN,
-            "--reps",
-            "1",
-            "--threads",
-            "2",
-        ]));
+        .args(["--server", &server.base, "--token", TOKEN, "--reps", "1", "--threads", "2"]));
     let summary: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     let n = std::fs::read_dir(queries)
         .unwrap()
-        .filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .path()
-                .extension()
-                .is_some_and(|x| x == "sql")
-        })
+        .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "sql"))
         .count();
     assert_eq!(summary["queries"].as_u64(), Some(n as u64), "{out}");
-    assert_eq!(
-        summary["matched"], summary["queries"],
-        "answers differ from DuckDB's:\n{out}"
-    );
+    assert_eq!(summary["matched"], summary["queries"], "answers differ from DuckDB's:\n{out}");
 }
 
 #[test]

@@ -17,11 +17,7 @@ fn server() -> &'static Server {
         let dir = tempdir();
         demo_lake(dir.path(), EVENTS);
         let server = Server::start(Opts {
-            args: [
-                lake_args(dir.path()),
-                vec!["--max-body-bytes".into(), "4096".into()],
-            ]
-            .concat(),
+            args: [lake_args(dir.path()), vec!["--max-body-bytes".into(), "4096".into()]].concat(),
             ..Default::default()
         });
         (dir, server)
@@ -36,21 +32,12 @@ fn health_needs_no_token_and_welcome_lists_tables() {
     assert_eq!(r.status(), 200);
     let r = client().get(format!("{}/", s.base)).send().unwrap();
     assert_eq!(r.status(), 401);
-    let r = client()
-        .get(format!("{}/", s.base))
-        .bearer_auth(TOKEN)
-        .send()
-        .unwrap();
+    let r = client().get(format!("{}/", s.base)).bearer_auth(TOKEN).send().unwrap();
     assert_eq!(r.status(), 200);
     let v: serde_json::Value = r.json().unwrap();
     assert_eq!(v["name"], "skiff");
     assert_eq!(v["catalog"], "sqlite");
-    let tables: Vec<&str> = v["tables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap())
-        .collect();
+    let tables: Vec<&str> = v["tables"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
     for t in ["glass.events", "glass.events_v2", "glass.identities"] {
         assert!(tables.contains(&t), "{tables:?}");
     }
@@ -78,21 +65,13 @@ fn json_rows_encode_each_type() {
 #[test]
 fn queries_read_the_lake() {
     let s = server();
-    let total = s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"]
-        .as_u64()
-        .unwrap();
-    let v1 = s.rows("SELECT count(*) AS n FROM glass.events_v1")[0]["n"]
-        .as_u64()
-        .unwrap();
-    let v2 = s.rows("SELECT count(*) AS n FROM glass.events_v2")[0]["n"]
-        .as_u64()
-        .unwrap();
+    let total = s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"].as_u64().unwrap();
+    let v1 = s.rows("SELECT count(*) AS n FROM glass.events_v1")[0]["n"].as_u64().unwrap();
+    let v2 = s.rows("SELECT count(*) AS n FROM glass.events_v2")[0]["n"].as_u64().unwrap();
     assert_eq!(total, EVENTS, "glass.events is every version");
     assert_eq!(v1 + v2, EVENTS);
     assert!(v1 > 0 && v2 > 0);
-    let rows = s.rows(
-        "SELECT event, count(*) AS n FROM glass.events GROUP BY event ORDER BY n DESC LIMIT 3",
-    );
+    let rows = s.rows("SELECT event, count(*) AS n FROM glass.events GROUP BY event ORDER BY n DESC LIMIT 3");
     assert_eq!(rows.len(), 3);
     assert_eq!(rows[0]["event"], "$pageview");
     let with_filter = s.rows(
@@ -106,15 +85,9 @@ fn queries_read_the_lake() {
 #[test]
 fn large_results_stream_whole() {
     let s = server();
-    let r = s.post(
-        "/query",
-        json!({"query": "SELECT event_id, props FROM glass.events"}).to_string(),
-    );
+    let r = s.post("/query", json!({"query": "SELECT event_id, props FROM glass.events"}).to_string());
     assert_eq!(r.status(), 200);
-    assert!(
-        r.headers().get("content-length").is_none(),
-        "a large result is streamed, not buffered"
-    );
+    assert!(r.headers().get("content-length").is_none(), "a large result is streamed, not buffered");
     let rows: Vec<serde_json::Value> = r.json().unwrap();
     assert_eq!(rows.len() as u64, EVENTS);
 }
@@ -122,32 +95,23 @@ fn large_results_stream_whole() {
 #[test]
 fn arrow_stream_has_schema_first_and_all_rows() {
     let s = server();
-    let r = s.post(
-        "/streaming-query",
-        json!({"query": "SELECT event, timestamp FROM glass.events"}).to_string(),
-    );
+    let r =
+        s.post("/streaming-query", json!({"query": "SELECT event, timestamp FROM glass.events"}).to_string());
     assert_eq!(r.status(), 200);
-    assert_eq!(
-        r.headers()["content-type"],
-        "application/vnd.apache.arrow.stream"
-    );
+    assert_eq!(r.headers()["content-type"], "application/vnd.apache.arrow.stream");
     let bytes = r.bytes().unwrap();
-    let reader =
-        arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None).unwrap();
+    let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None).unwrap();
     let schema = reader.schema();
     assert_eq!(schema.field(0).name(), "event");
     let rows: usize = reader.map(|b| b.unwrap().num_rows()).sum();
     assert_eq!(rows as u64, EVENTS);
 
     // An empty result is still a stream with its schema.
-    let r = s.post(
-        "/streaming-query",
-        json!({"query": "SELECT event FROM glass.events WHERE false"}).to_string(),
-    );
+    let r = s
+        .post("/streaming-query", json!({"query": "SELECT event FROM glass.events WHERE false"}).to_string());
     assert_eq!(r.status(), 200);
     let reader =
-        arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(r.bytes().unwrap()), None)
-            .unwrap();
+        arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(r.bytes().unwrap()), None).unwrap();
     assert_eq!(reader.schema().field(0).name(), "event");
     assert_eq!(reader.map(|b| b.unwrap().num_rows()).sum::<usize>(), 0);
 
@@ -176,39 +140,21 @@ fn errors_after_streaming_began_fail_the_response() {
                 r.bytes()
             })
     };
-    assert!(
-        send("/query").is_err(),
-        "a JSON body must not end cleanly after an error"
-    );
+    assert!(send("/query").is_err(), "a JSON body must not end cleanly after an error");
     if let Ok(bytes) = send("/streaming-query") {
-        let reader =
-            arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None).unwrap();
-        assert!(
-            reader.into_iter().any(|b| b.is_err()),
-            "the stream must not end with a clean end-of-stream"
-        );
+        let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None).unwrap();
+        assert!(reader.into_iter().any(|b| b.is_err()), "the stream must not end with a clean end-of-stream");
     }
-    let line = eventually(10, || {
-        s.log_text()
-            .lines()
-            .find(|l| l.contains("oops"))
-            .map(String::from)
-    });
+    let line = eventually(10, || s.log_text().lines().find(|l| l.contains("oops")).map(String::from));
     assert!(line.contains("outcome=\"invalid_query\""), "{line}");
 }
 
 #[test]
 fn auth_is_required_and_tokens_never_logged() {
     let s = server();
-    for header in [
-        None,
-        Some("Bearer wrong"),
-        Some("Basic dGVzdA=="),
-        Some("Bearer"),
-    ] {
-        let mut req = client()
-            .post(format!("{}/query", s.base))
-            .body(json!({"query": "SELECT 1"}).to_string());
+    for header in [None, Some("Bearer wrong"), Some("Basic dGVzdA=="), Some("Bearer")] {
+        let mut req =
+            client().post(format!("{}/query", s.base)).body(json!({"query": "SELECT 1"}).to_string());
         if let Some(h) = header {
             req = req.header("authorization", h);
         }
@@ -274,10 +220,7 @@ fn every_writing_statement_is_refused() {
     }
     assert!(!std::path::Path::new("/tmp/skiff-copy.csv").exists());
     // The lake is unchanged.
-    assert_eq!(
-        s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"],
-        EVENTS
-    );
+    assert_eq!(s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"], EVENTS);
 }
 
 #[test]
@@ -294,34 +237,18 @@ fn bad_input_gets_a_clear_status() {
         let status = r.status().as_u16();
         (status, r.json::<serde_json::Value>().unwrap())
     };
-    for body in [
-        "{",
-        "[]",
-        r#"{"query": 1}"#,
-        r#"{"sql": "SELECT 1"}"#,
-        "",
-        "SELECT 1",
-    ] {
+    for body in ["{", "[]", r#"{"query": 1}"#, r#"{"sql": "SELECT 1"}"#, "", "SELECT 1"] {
         let (status, v) = send("application/json", body);
         assert_eq!(status, 400, "{body:?}: {v}");
         assert_eq!(v["error"]["code"], "bad_request");
     }
     let (status, v) = send("application/xml", r#"{"query": "SELECT 1"}"#);
-    assert_eq!(
-        (status, v["error"]["code"].as_str()),
-        (415, Some("unsupported_media_type"))
-    );
+    assert_eq!((status, v["error"]["code"].as_str()), (415, Some("unsupported_media_type")));
     let huge = json!({ "query": format!("SELECT '{}'", "x".repeat(10_000)) }).to_string();
     let (status, v) = send("application/json", &huge);
-    assert_eq!(
-        (status, v["error"]["code"].as_str()),
-        (413, Some("payload_too_large"))
-    );
+    assert_eq!((status, v["error"]["code"].as_str()), (413, Some("payload_too_large")));
     // curl -d without a content type still works.
-    let (status, _) = send(
-        "application/x-www-form-urlencoded",
-        r#"{"query": "SELECT 1"}"#,
-    );
+    let (status, _) = send("application/x-www-form-urlencoded", r#"{"query": "SELECT 1"}"#);
     assert_eq!(status, 200);
 
     assert_eq!(s.error("SELEC 1", 400).0, "sql_syntax_error");
@@ -329,17 +256,11 @@ fn bad_input_gets_a_clear_status() {
     let (code, msg) = s.error("SELECT * FROM glass.nope", 404);
     assert_eq!(code, "table_not_found");
     assert!(msg.contains("glass.nope"), "{msg}");
-    assert_eq!(
-        s.error("SELECT * FROM nowhere.nope", 404).0,
-        "table_not_found"
-    );
+    assert_eq!(s.error("SELECT * FROM nowhere.nope", 404).0, "table_not_found");
     let (code, msg) = s.error("SELECT no_such_column FROM glass.events", 400);
     assert_eq!(code, "invalid_query");
     assert!(msg.contains("no_such_column"), "{msg}");
-    assert_eq!(
-        s.error("SELECT no_such_function(1)", 400).0,
-        "invalid_query"
-    );
+    assert_eq!(s.error("SELECT no_such_function(1)", 400).0, "invalid_query");
     assert_eq!(s.error("SELECT 'a' + 1", 400).0, "invalid_query");
     let r = client().get(format!("{}/nope", s.base)).send().unwrap();
     assert_eq!(r.status(), 404);
@@ -355,13 +276,10 @@ fn basin_json_functions_work() {
     );
     assert_eq!(
         rows,
-        vec![
-            json!({"cur": "USD", "pos": true, "items": true, "has_plan": true, "len": 4, "plan": true})
-        ]
+        vec![json!({"cur": "USD", "pos": true, "items": true, "has_plan": true, "len": 4, "plan": true})]
     );
-    let rows = server().rows(
-        r#"SELECT json_get_str('{"a": {"b": "c"}}', 'a', 'b') AS v, json_get('[1,2]', 1) AS w"#,
-    );
+    let rows = server()
+        .rows(r#"SELECT json_get_str('{"a": {"b": "c"}}', 'a', 'b') AS v, json_get('[1,2]', 1) AS w"#);
     assert_eq!(rows[0]["v"], "c");
 }
 
@@ -383,10 +301,7 @@ fn show_describe_and_information_schema() {
         .map(|r| r["column_name"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(cols.first().map(String::as_str), Some("__ingest_ts"));
-    assert!(
-        cols.contains(&"revenue".to_string()),
-        "the union schema: {cols:?}"
-    );
+    assert!(cols.contains(&"revenue".to_string()), "the union schema: {cols:?}");
     let n = s.rows(
         "SELECT count(*) AS n FROM information_schema.columns WHERE table_schema = 'glass' AND table_name = 'events'",
     );
@@ -416,9 +331,7 @@ fn embedded_default_writes_and_serves_a_demo_lake() {
             .body(r#"{"query":"SELECT count(*) AS n FROM glass.events"}"#)
             .send()
             .ok()?;
-        r.json::<serde_json::Value>()
-            .ok()
-            .map(|v| v[0]["n"].as_u64().unwrap())
+        r.json::<serde_json::Value>().ok().map(|v| v[0]["n"].as_u64().unwrap())
     });
     assert!(n > 0);
     assert!(cwd.path().join("lake/catalog.db").exists());
@@ -441,22 +354,8 @@ fn one_log_line_per_query_with_its_request_id() {
         .unwrap();
     assert_eq!(r.headers()["x-request-id"], "req-abc-123");
     assert_eq!(r.status(), 200);
-    let line = eventually(10, || {
-        s.log_text()
-            .lines()
-            .find(|l| l.contains("req-abc-123"))
-            .map(String::from)
-    });
-    assert!(
-        line.contains("outcome=\"ok\"") || line.contains("outcome=ok"),
-        "{line}"
-    );
-    assert!(
-        line.contains("glass.identities@"),
-        "snapshot ids are logged: {line}"
-    );
-    assert!(
-        !line.contains("SELECT"),
-        "SQL is not logged by default: {line}"
-    );
+    let line = eventually(10, || s.log_text().lines().find(|l| l.contains("req-abc-123")).map(String::from));
+    assert!(line.contains("outcome=\"ok\"") || line.contains("outcome=ok"), "{line}");
+    assert!(line.contains("glass.identities@"), "snapshot ids are logged: {line}");
+    assert!(!line.contains("SELECT"), "SQL is not logged by default: {line}");
 }

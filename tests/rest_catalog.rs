@@ -21,14 +21,7 @@ fn rest_lake(prefix: Option<&str>) -> RestLake {
     let dir = tempdir();
     let s3 = FixtureServer::start("s3_server.py", &["--bucket", "lakebucket"]);
     let db = dir.path().join("rest.db").display().to_string();
-    let mut args = vec![
-        "--db",
-        &db,
-        "--warehouse",
-        "s3://lakebucket/wh",
-        "--token",
-        CATALOG_TOKEN,
-    ];
+    let mut args = vec!["--db", &db, "--warehouse", "s3://lakebucket/wh", "--token", CATALOG_TOKEN];
     let s3_url = s3.url();
     args.extend(["--s3-endpoint", &s3_url]);
     if let Some(p) = prefix {
@@ -37,31 +30,14 @@ fn rest_lake(prefix: Option<&str>) -> RestLake {
     let catalog = FixtureServer::start("rest_catalog.py", &args);
     fixture(
         "write_rest_lake.py",
-        &[
-            "init",
-            "--uri",
-            &catalog.url(),
-            "--token",
-            CATALOG_TOKEN,
-            "--events",
-            "2000",
-        ],
+        &["init", "--uri", &catalog.url(), "--token", CATALOG_TOKEN, "--events", "2000"],
     );
-    RestLake {
-        _dir: dir,
-        _s3: s3,
-        catalog,
-    }
+    RestLake { _dir: dir, _s3: s3, catalog }
 }
 
 fn serve_rest(lake: &RestLake, token: &str) -> Server {
     Server::start(Opts {
-        args: vec![
-            "--catalog-uri".into(),
-            lake.catalog.url(),
-            "--warehouse".into(),
-            "wh_name".into(),
-        ],
+        args: vec!["--catalog-uri".into(), lake.catalog.url(), "--warehouse".into(), "wh_name".into()],
         env: vec![("CF_API_TOKEN", token.to_string())],
         ..Default::default()
     })
@@ -90,9 +66,7 @@ fn reads_a_rest_catalog_with_vended_credentials() {
         let n = s.rows(&format!("SELECT count(*) AS n FROM {table}"))[0]["n"].clone();
         assert_eq!(n, expected[table], "{table}");
     }
-    let rows = s.rows(
-        "SELECT event, count(*) AS n FROM glass.events GROUP BY event ORDER BY n DESC LIMIT 1",
-    );
+    let rows = s.rows("SELECT event, count(*) AS n FROM glass.events GROUP BY event ORDER BY n DESC LIMIT 1");
     assert_eq!(rows.len(), 1);
     // Reads went to the S3 server and were counted.
     let r = s.post(
@@ -100,17 +74,8 @@ fn reads_a_rest_catalog_with_vended_credentials() {
         r#"{"query": "SELECT count(DISTINCT device_id) FROM glass.events"}"#,
     );
     let v: serde_json::Value = r.json().unwrap();
-    assert!(
-        v["result"]["metrics"]["r2_requests_count"]
-            .as_u64()
-            .unwrap()
-            > 0,
-        "{v}"
-    );
-    assert!(
-        !s.log_text().contains(CATALOG_TOKEN),
-        "the catalog token reached the log"
-    );
+    assert!(v["result"]["metrics"]["r2_requests_count"].as_u64().unwrap() > 0, "{v}");
+    assert!(!s.log_text().contains(CATALOG_TOKEN), "the catalog token reached the log");
 }
 
 #[test]
@@ -127,9 +92,7 @@ fn new_snapshots_and_versions_through_rest_are_seen() {
         ],
         ..Default::default()
     });
-    let before = s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"]
-        .as_u64()
-        .unwrap();
+    let before = s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"].as_u64().unwrap();
     fixture(
         "write_rest_lake.py",
         &[
@@ -146,34 +109,16 @@ fn new_snapshots_and_versions_through_rest_are_seen() {
             "99",
         ],
     );
-    assert_eq!(
-        s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"]
-            .as_u64()
-            .unwrap(),
-        before + 77
-    );
+    assert_eq!(s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"].as_u64().unwrap(), before + 77);
     fixture(
         "write_rest_lake.py",
-        &[
-            "create-v2",
-            "--uri",
-            &lake.catalog.url(),
-            "--token",
-            CATALOG_TOKEN,
-            "--rows",
-            "200",
-        ],
+        &["create-v2", "--uri", &lake.catalog.url(), "--token", CATALOG_TOKEN, "--rows", "200"],
     );
     eventually(15, || {
-        (s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"]
-            .as_u64()
-            .unwrap()
-            == before + 277)
+        (s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"].as_u64().unwrap() == before + 277)
             .then_some(())
     });
-    let rows = s.rows(
-        "SELECT count(*) AS n FROM glass.events WHERE utm_source IS NULL AND revenue IS NULL",
-    );
+    let rows = s.rows("SELECT count(*) AS n FROM glass.events WHERE utm_source IS NULL AND revenue IS NULL");
     assert!(rows[0]["n"].as_u64().unwrap() >= before + 77);
 }
 
@@ -194,8 +139,5 @@ fn a_wrong_catalog_token_is_a_clear_startup_error() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("catalog"), "{stderr}");
-    assert!(
-        !stderr.contains("not-the-token-31337"),
-        "the token was printed: {stderr}"
-    );
+    assert!(!stderr.contains("not-the-token-31337"), "the token was printed: {stderr}");
 }

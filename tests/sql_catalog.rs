@@ -8,9 +8,7 @@ use std::process::Command;
 use common::*;
 
 fn count(s: &Server, table: &str) -> u64 {
-    s.rows(&format!("SELECT count(*) AS n FROM {table}"))[0]["n"]
-        .as_u64()
-        .unwrap()
+    s.rows(&format!("SELECT count(*) AS n FROM {table}"))[0]["n"].as_u64().unwrap()
 }
 
 fn lake_arg(dir: &tempfile::TempDir) -> String {
@@ -25,23 +23,10 @@ fn appends_by_another_process_are_seen_by_the_next_query() {
     let before = count(&s, "glass.events_v2");
     let out = fixture(
         "write_local.py",
-        &[
-            "append",
-            "--lake",
-            &lake_arg(&dir),
-            "--table",
-            "glass.events_v2",
-            "--rows",
-            "123",
-            "--seed",
-            "7",
-        ],
+        &["append", "--lake", &lake_arg(&dir), "--table", "glass.events_v2", "--rows", "123", "--seed", "7"],
     );
     assert_eq!(count(&s, "glass.events_v2"), before + 123, "{out}");
-    assert_eq!(
-        count(&s, "glass.events"),
-        count(&s, "glass.events_v1") + before + 123
-    );
+    assert_eq!(count(&s, "glass.events"), count(&s, "glass.events_v1") + before + 123);
 }
 
 #[test]
@@ -50,27 +35,14 @@ fn deletes_by_pyiceberg_are_applied() {
     py_lake(dir.path(), 20_000);
     let s = Server::lake(dir.path());
     let logouts =
-        s.rows("SELECT count(*) AS n FROM glass.events_v1 WHERE event = 'logout'")[0]["n"]
-            .as_u64()
-            .unwrap();
+        s.rows("SELECT count(*) AS n FROM glass.events_v1 WHERE event = 'logout'")[0]["n"].as_u64().unwrap();
     assert!(logouts > 0);
     let before = count(&s, "glass.events_v1");
     fixture(
         "write_local.py",
-        &[
-            "delete",
-            "--lake",
-            &lake_arg(&dir),
-            "--table",
-            "glass.events",
-            "--where",
-            "event = 'logout'",
-        ],
+        &["delete", "--lake", &lake_arg(&dir), "--table", "glass.events", "--where", "event = 'logout'"],
     );
-    assert_eq!(
-        s.rows("SELECT count(*) AS n FROM glass.events_v1 WHERE event = 'logout'")[0]["n"],
-        0
-    );
+    assert_eq!(s.rows("SELECT count(*) AS n FROM glass.events_v1 WHERE event = 'logout'")[0]["n"], 0);
     assert_eq!(count(&s, "glass.events_v1"), before - logouts);
 }
 
@@ -79,35 +51,16 @@ fn tables_created_after_start_become_visible() {
     let dir = tempdir();
     py_lake(dir.path(), 5_000);
     let s = Server::start(Opts {
-        args: [
-            lake_args(dir.path()),
-            vec!["--refresh-interval".into(), "1s".into()],
-        ]
-        .concat(),
+        args: [lake_args(dir.path()), vec!["--refresh-interval".into(), "1s".into()]].concat(),
         ..Default::default()
     });
-    assert_eq!(
-        s.error("SELECT * FROM glass.late_table", 404).0,
-        "table_not_found"
-    );
-    fixture(
-        "write_local.py",
-        &[
-            "create-table",
-            "--lake",
-            &lake_arg(&dir),
-            "--table",
-            "glass.late_table",
-        ],
-    );
+    assert_eq!(s.error("SELECT * FROM glass.late_table", 404).0, "table_not_found");
+    fixture("write_local.py", &["create-table", "--lake", &lake_arg(&dir), "--table", "glass.late_table"]);
     assert!(count(&s, "glass.late_table") > 0);
     // And it is listed once the refresh interval has passed.
     eventually(10, || {
-        let rows =
-            s.rows("SELECT table_name FROM information_schema.tables WHERE table_schema = 'glass'");
-        rows.iter()
-            .any(|r| r["table_name"] == "late_table")
-            .then_some(())
+        let rows = s.rows("SELECT table_name FROM information_schema.tables WHERE table_schema = 'glass'");
+        rows.iter().any(|r| r["table_name"] == "late_table").then_some(())
     });
 }
 
@@ -126,10 +79,7 @@ fn a_broken_table_fails_alone() {
     let (status, v) = s.query("SELECT count(*) FROM glass.identities");
     assert!(status == 503 || status == 400, "{status} {v}");
     let msg = v["error"]["message"].as_str().unwrap();
-    assert!(
-        msg.contains("identities"),
-        "the error names the table: {msg}"
-    );
+    assert!(msg.contains("identities"), "the error names the table: {msg}");
     // Listing tables does not load them, so the broken one does not break it.
     let tables = s.rows("SHOW TABLES");
     assert!(tables.iter().any(|r| r["table_name"] == "identities"));

@@ -9,9 +9,7 @@ use common::*;
 use serde_json::json;
 
 fn count(s: &Server, sql_from: &str) -> u64 {
-    s.rows(&format!("SELECT count(*) AS n FROM {sql_from}"))[0]["n"]
-        .as_u64()
-        .unwrap()
+    s.rows(&format!("SELECT count(*) AS n FROM {sql_from}"))[0]["n"].as_u64().unwrap()
 }
 
 /// A PyIceberg lake shared by the read-only tests here.
@@ -33,13 +31,7 @@ fn the_base_name_reads_every_version_in_order() {
     assert_eq!(count(s, "glass.events"), v1 + v2);
     // `_v1` is the physical first version (stored as plain `events`): gen_lake.py writes
     // it the 60 days before 2026-09-30.
-    assert_eq!(
-        v1,
-        count(
-            s,
-            "glass.events WHERE timestamp < TIMESTAMP '2026-09-30 00:00:00'"
-        )
-    );
+    assert_eq!(v1, count(s, "glass.events WHERE timestamp < TIMESTAMP '2026-09-30 00:00:00'"));
     // Columns: v1's, then those v2 adds, in first-appearance order.
     let cols: Vec<String> = s
         .rows("DESCRIBE glass.events")
@@ -52,10 +44,7 @@ fn the_base_name_reads_every_version_in_order() {
         .map(|r| r["column_name"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(&cols[..v1_cols.len()], &v1_cols[..]);
-    assert_eq!(
-        &cols[v1_cols.len()..],
-        &["utm_source", "utm_medium", "utm_campaign", "revenue"]
-    );
+    assert_eq!(&cols[v1_cols.len()..], &["utm_source", "utm_medium", "utm_campaign", "revenue"]);
     let star = s.rows("SELECT * FROM glass.events LIMIT 1");
     assert_eq!(star[0].as_object().unwrap().len(), cols.len());
 }
@@ -72,7 +61,8 @@ fn later_columns_are_typed_nulls_in_older_versions() {
     assert_eq!(rows[0]["revenue"], json!(null));
     assert_eq!(rows[0]["avg"], json!(null));
     assert_eq!(rows[0]["src"], json!(null));
-    let t = s.rows("SELECT arrow_typeof(revenue) AS t, arrow_typeof(utm_source) AS u FROM glass.events LIMIT 1");
+    let t =
+        s.rows("SELECT arrow_typeof(revenue) AS t, arrow_typeof(utm_source) AS u FROM glass.events LIMIT 1");
     assert_eq!(t[0], json!({"t": "Float64", "u": "Utf8"}));
     let total = s.rows("SELECT sum(revenue) > 0 AS some FROM glass.events");
     assert_eq!(total[0]["some"], true);
@@ -83,9 +73,7 @@ fn filters_and_projections_reach_every_branch() {
     let s = &lake().1;
     let physical = |sql: &str| {
         let plan = s.rows(&format!("EXPLAIN {sql}"));
-        plan.iter()
-            .find(|r| r["plan_type"] == "physical_plan")
-            .expect("physical plan")["plan"]
+        plan.iter().find(|r| r["plan_type"] == "physical_plan").expect("physical plan")["plan"]
             .as_str()
             .unwrap()
             .to_string()
@@ -94,43 +82,27 @@ fn filters_and_projections_reach_every_branch() {
     let plan = physical(
         "SELECT event, url FROM glass.events WHERE timestamp >= TIMESTAMP '2026-09-20 00:00:00' AND timestamp < TIMESTAMP '2026-10-10 00:00:00'",
     );
-    let scans: Vec<&str> = plan
-        .lines()
-        .filter(|l| l.contains("DataSourceExec"))
-        .collect();
+    let scans: Vec<&str> = plan.lines().filter(|l| l.contains("DataSourceExec")).collect();
     assert_eq!(scans.len(), 2, "one scan per version:\n{plan}");
     for scan in &scans {
         assert!(
             scan.contains("predicate=") && scan.contains("timestamp@"),
             "the filter reaches the scan:\n{scan}"
         );
-        let projection = scan
-            .split("projection=[")
-            .nth(1)
-            .and_then(|p| p.split(']').next())
-            .unwrap_or("");
+        let projection = scan.split("projection=[").nth(1).and_then(|p| p.split(']').next()).unwrap_or("");
         let mut cols: Vec<&str> = projection.split(", ").collect();
         cols.sort();
-        assert_eq!(
-            cols,
-            ["event", "timestamp", "url"],
-            "only the needed columns are read:\n{scan}"
-        );
+        assert_eq!(cols, ["event", "timestamp", "url"], "only the needed columns are read:\n{scan}");
     }
     assert!(plan.contains("UnionExec"), "{plan}");
     // A range only events_v2 covers: Iceberg planning leaves the first version no file to read.
-    let plan = physical(
-        "SELECT event FROM glass.events WHERE timestamp >= TIMESTAMP '2026-10-20 00:00:00'",
-    );
+    let plan = physical("SELECT event FROM glass.events WHERE timestamp >= TIMESTAMP '2026-10-20 00:00:00'");
     assert_eq!(plan.matches("DataSourceExec").count(), 1, "{plan}");
     assert!(plan.contains("EmptyExec"), "{plan}");
 }
 
 fn basin_metrics(s: &Server, sql: &str) -> serde_json::Value {
-    let r = s.post(
-        "/api/v1/accounts/acc/basin-sql/query/bucket",
-        json!({ "query": sql }).to_string(),
-    );
+    let r = s.post("/api/v1/accounts/acc/basin-sql/query/bucket", json!({ "query": sql }).to_string());
     assert_eq!(r.status(), 200);
     let v: serde_json::Value = r.json().unwrap();
     assert_eq!(v["success"], true, "{v}");
@@ -162,11 +134,7 @@ fn a_new_version_is_read_without_restart() {
     let dir = tempdir();
     py_lake(dir.path(), 10_000);
     let s = Server::start(Opts {
-        args: [
-            lake_args(dir.path()),
-            vec!["--refresh-interval".into(), "1s".into()],
-        ]
-        .concat(),
+        args: [lake_args(dir.path()), vec!["--refresh-interval".into(), "1s".into()]].concat(),
         ..Default::default()
     });
     let before = count(&s, "glass.events");
@@ -184,9 +152,7 @@ fn a_new_version_is_read_without_restart() {
             "250",
         ],
     );
-    eventually(15, || {
-        (count(&s, "glass.events") == before + 250).then_some(())
-    });
+    eventually(15, || (count(&s, "glass.events") == before + 250).then_some(()));
     assert_eq!(count(&s, "glass.events WHERE plan IS NOT NULL"), 250);
     assert_eq!(count(&s, "glass.events WHERE plan IS NULL"), before);
     let cols = s.rows("DESCRIBE glass.events");
@@ -206,19 +172,12 @@ fn pinned_versions_and_a_missing_one() {
     };
     let s = pinned("events=1;identities=1");
     assert_eq!(count(&s, "glass.events"), count(&s, "glass.events_v1"));
-    assert!(
-        s.rows("DESCRIBE glass.events")
-            .iter()
-            .all(|r| r["column_name"] != "revenue")
-    );
+    assert!(s.rows("DESCRIBE glass.events").iter().all(|r| r["column_name"] != "revenue"));
     drop(s);
     let s = pinned("events=1,2,3");
     let (code, msg) = s.error("SELECT count(*) FROM glass.events", 404);
     assert_eq!(code, "table_not_found");
-    assert!(
-        msg.contains("events_v3") && msg.contains("LAKE_VERSIONS"),
-        "{msg}"
-    );
+    assert!(msg.contains("events_v3") && msg.contains("LAKE_VERSIONS"), "{msg}");
     // The physical versions still answer.
     assert!(count(&s, "glass.events_v2") > 0);
     drop(s);
@@ -249,10 +208,7 @@ fn column_types_widen_or_fail_clearly() {
     assert_eq!(t[0], json!({"n": "Int64", "x": "Float64"}));
     let sums = s.rows("SELECT count(*) AS c, sum(n) IS NOT NULL AS s FROM glass.nums");
     assert_eq!(sums[0]["s"], true);
-    assert_eq!(
-        sums[0]["c"].as_u64().unwrap(),
-        count(&s, "glass.nums_v1") + count(&s, "glass.nums_v2")
-    );
+    assert_eq!(sums[0]["c"].as_u64().unwrap(), count(&s, "glass.nums_v1") + count(&s, "glass.nums_v2"));
 }
 
 #[test]
@@ -276,12 +232,6 @@ fn a_version_without_data_files_is_fine() {
         ],
     );
     let s = Server::lake(dir.path());
-    assert_eq!(
-        count(&s, "glass.identities"),
-        count(&s, "glass.identities_v1")
-    );
-    assert_eq!(
-        count(&s, "glass.identities WHERE email IS NULL"),
-        count(&s, "glass.identities_v1")
-    );
+    assert_eq!(count(&s, "glass.identities"), count(&s, "glass.identities_v1"));
+    assert_eq!(count(&s, "glass.identities WHERE email IS NULL"), count(&s, "glass.identities_v1"));
 }

@@ -18,16 +18,14 @@ use arrow::record_batch::RecordBatch;
 use datafusion::prelude::SessionContext;
 use iceberg::arrow::schema_to_arrow_schema;
 use iceberg::spec::{
-    DataFileFormat, Literal, NestedField, PartitionKey, PrimitiveType, Schema, Struct, Transform,
-    Type, UnboundPartitionSpec,
+    DataFileFormat, Literal, NestedField, PartitionKey, PrimitiveType, Schema, Struct, Transform, Type,
+    UnboundPartitionSpec,
 };
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
 use iceberg::writer::file_writer::ParquetWriterBuilder;
-use iceberg::writer::file_writer::location_generator::{
-    DefaultFileNameGenerator, DefaultLocationGenerator,
-};
+use iceberg::writer::file_writer::location_generator::{DefaultFileNameGenerator, DefaultLocationGenerator};
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
 use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use iceberg::{Catalog, CatalogBuilder, NamespaceIdent, TableCreation, TableIdent};
@@ -101,18 +99,9 @@ pub async fn write(dir: &Path, events: u64) -> Result<()> {
         .load(
             CATALOG_NAME,
             [
-                (
-                    SQL_CATALOG_PROP_URI.to_string(),
-                    format!("sqlite://{}", db.display()),
-                ),
-                (
-                    SQL_CATALOG_PROP_WAREHOUSE.to_string(),
-                    file_url(&dir.join("warehouse")),
-                ),
-                (
-                    SQL_CATALOG_PROP_BIND_STYLE.to_string(),
-                    SqlBindStyle::QMark.to_string(),
-                ),
+                (SQL_CATALOG_PROP_URI.to_string(), format!("sqlite://{}", db.display())),
+                (SQL_CATALOG_PROP_WAREHOUSE.to_string(), file_url(&dir.join("warehouse"))),
+                (SQL_CATALOG_PROP_BIND_STYLE.to_string(), SqlBindStyle::QMark.to_string()),
             ]
             .into(),
         )
@@ -133,14 +122,9 @@ pub async fn write(dir: &Path, events: u64) -> Result<()> {
         ("identities", identities_select(events)),
     ];
     for (name, select) in tables {
-        let batches = ctx
-            .sql(&format!("SELECT * FROM ({select}) ORDER BY __ingest_ts"))
-            .await?
-            .collect()
-            .await?;
-        let table = catalog
-            .load_table(&TableIdent::new(ns.clone(), name.to_string()))
-            .await?;
+        let batches =
+            ctx.sql(&format!("SELECT * FROM ({select}) ORDER BY __ingest_ts")).await?.collect().await?;
+        let table = catalog.load_table(&TableIdent::new(ns.clone(), name.to_string())).await?;
         append(&catalog, &table, batches).await?;
     }
     Ok(())
@@ -153,9 +137,7 @@ async fn append(catalog: &impl Catalog, table: &Table, batches: Vec<RecordBatch>
     // Iceberg's writer maps columns by the field ids in the Arrow schema.
     let arrow_schema = Arc::new(schema_to_arrow_schema(&schema)?);
     let spec = table.metadata().default_partition_spec().as_ref().clone();
-    let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::default()))
-        .build();
+    let props = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::default())).build();
     let mut by_day: BTreeMap<i32, Vec<RecordBatch>> = BTreeMap::new();
     for batch in batches {
         // DataFusion builds strings as views; the table's columns are plain Utf8.
@@ -166,31 +148,20 @@ async fn append(catalog: &impl Catalog, table: &Table, batches: Vec<RecordBatch>
             .map(|(c, f)| arrow::compute::cast(c, f.data_type()))
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let batch = RecordBatch::try_new(arrow_schema.clone(), columns)?;
-        let ts = batch
-            .column(0)
-            .as_primitive::<TimestampMicrosecondType>()
-            .clone();
+        let ts = batch.column(0).as_primitive::<TimestampMicrosecondType>().clone();
         let day_of = |row: usize| ts.value(row).div_euclid(86_400_000_000) as i32;
         let mut start = 0;
         while start < batch.num_rows() {
             let day = day_of(start);
-            let end = (start..batch.num_rows())
-                .find(|&r| day_of(r) != day)
-                .unwrap_or(batch.num_rows());
-            by_day
-                .entry(day)
-                .or_default()
-                .push(batch.slice(start, end - start));
+            let end = (start..batch.num_rows()).find(|&r| day_of(r) != day).unwrap_or(batch.num_rows());
+            by_day.entry(day).or_default().push(batch.slice(start, end - start));
             start = end;
         }
     }
     let mut files = Vec::new();
     for (day, parts) in by_day {
-        let key = PartitionKey::new(
-            spec.clone(),
-            schema.clone(),
-            Struct::from_iter([Some(Literal::date(day))]),
-        );
+        let key =
+            PartitionKey::new(spec.clone(), schema.clone(), Struct::from_iter([Some(Literal::date(day))]));
         let rolling = RollingFileWriterBuilder::new_with_default_file_size(
             ParquetWriterBuilder::new(props.clone(), schema.clone()),
             table.file_io().clone(),
@@ -215,11 +186,8 @@ async fn create(
     name: &str,
     fields: &[(&str, PrimitiveType, bool)],
 ) -> Result<()> {
-    let mut cols = vec![Arc::new(NestedField::required(
-        1,
-        "__ingest_ts",
-        Type::Primitive(PrimitiveType::Timestamp),
-    ))];
+    let mut cols =
+        vec![Arc::new(NestedField::required(1, "__ingest_ts", Type::Primitive(PrimitiveType::Timestamp)))];
     for (i, (n, t, required)) in fields.iter().enumerate() {
         let id = i as i32 + 2;
         let ty = Type::Primitive(t.clone());
@@ -229,21 +197,14 @@ async fn create(
             NestedField::optional(id, *n, ty)
         }));
     }
-    let schema = Schema::builder()
-        .with_schema_id(0)
-        .with_fields(cols)
-        .build()?;
-    let spec = UnboundPartitionSpec::builder()
-        .add_partition_field(1, "__ingest_ts_day", Transform::Day)?
-        .build();
+    let schema = Schema::builder().with_schema_id(0).with_fields(cols).build()?;
+    let spec =
+        UnboundPartitionSpec::builder().add_partition_field(1, "__ingest_ts_day", Transform::Day)?.build();
     let creation = TableCreation::builder()
         .name(name.to_string())
         .schema(schema)
         .partition_spec(spec)
-        .properties([(
-            "write.parquet.compression-codec".to_string(),
-            "zstd".to_string(),
-        )])
+        .properties([("write.parquet.compression-codec".to_string(), "zstd".to_string())])
         .build();
     catalog.create_table(ns, creation).await?;
     Ok(())
@@ -302,18 +263,10 @@ fn events_select(from: u64, to: u64, total: u64, v2: bool) -> String {
     .chain((0..20).map(|i| format!("/blog/post-{i}")))
     .collect();
     let path_refs: Vec<&str> = paths.iter().map(String::as_str).collect();
-    let browsers = [
-        "Chrome",
-        "Safari",
-        "Firefox",
-        "Edge",
-        "Samsung Internet",
-        "Opera",
-    ];
+    let browsers = ["Chrome", "Safari", "Firefox", "Edge", "Samsung Internet", "Opera"];
     let oses = ["Windows", "macOS", "iOS", "Android", "Linux", "ChromeOS"];
-    let countries = [
-        "US", "DE", "GB", "FR", "IN", "BR", "JP", "CA", "NL", "ES", "IT", "PL", "SE", "AU", "MX",
-    ];
+    let countries =
+        ["US", "DE", "GB", "FR", "IN", "BR", "JP", "CA", "NL", "ES", "IT", "PL", "SE", "AU", "MX"];
     let referrers = [
         "https://www.google.com/",
         "https://news.ycombinator.com/",
@@ -325,15 +278,9 @@ fn events_select(from: u64, to: u64, total: u64, v2: bool) -> String {
         format!(
             ", CASE WHEN h2 % 5 = 0 THEN {} END AS utm_source, CASE WHEN h2 % 5 = 0 THEN {} END AS utm_medium, \
              CASE WHEN h2 % 5 = 0 THEN {} END AS utm_campaign, CASE WHEN event = 'purchase' THEN amount END AS revenue",
-            pick(
-                &["google", "newsletter", "twitter", "partner", "hn"],
-                "h1 / 7"
-            ),
+            pick(&["google", "newsletter", "twitter", "partner", "hn"], "h1 / 7"),
             pick(&["cpc", "email", "social", "referral"], "h1 / 11"),
-            pick(
-                &["spring_launch", "black_friday", "webinar_q3", "retargeting"],
-                "h1 / 13"
-            ),
+            pick(&["spring_launch", "black_friday", "webinar_q3", "retargeting"], "h1 / 13"),
         )
     } else {
         String::new()
@@ -371,11 +318,7 @@ fn events_select(from: u64, to: u64, total: u64, v2: bool) -> String {
         last = to.saturating_sub(1).max(from),
         proj = pick(&["proj_alpha", "proj_beta", "proj_gamma"], "proj"),
         host = pick(
-            &[
-                "https://alpha.example.com",
-                "https://beta.example.org",
-                "https://gamma.example.net"
-            ],
+            &["https://alpha.example.com", "https://beta.example.org", "https://gamma.example.net"],
             "proj"
         ),
         path = pick(&path_refs, "h2 / 3"),
@@ -384,10 +327,7 @@ fn events_select(from: u64, to: u64, total: u64, v2: bool) -> String {
         os = pick(&oses, "dev"),
         country = pick(&countries, "dev / 3"),
         plan = pick(&plans, "dev / 2"),
-        term = pick(
-            &["pricing", "api", "export csv", "sso", "invoice", "webhooks"],
-            "h1 / 3"
-        ),
+        term = pick(&["pricing", "api", "export csv", "sso", "invoice", "webhooks"], "h1 / 3"),
         button = pick(&["Sign up", "Buy", "Next", "Close"], "h3 / 7"),
     )
 }

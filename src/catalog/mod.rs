@@ -53,32 +53,15 @@ pub async fn connect(cfg: &ServeConfig) -> StartResult<Connection> {
             let db = std::fs::canonicalize(&db)?;
             let warehouse = std::fs::canonicalize(dir.join("warehouse"))?;
             let uri = format!("sqlite://{}", db.display());
-            sql::connect(
-                &uri,
-                &file_url(&warehouse),
-                cfg.catalog_name.as_deref(),
-                storage_props(cfg),
-            )
-            .await
+            sql::connect(&uri, &file_url(&warehouse), cfg.catalog_name.as_deref(), storage_props(cfg)).await
         }
         Some(uri) if uri.starts_with("http://") || uri.starts_with("https://") => {
-            rest::connect(
-                uri,
-                cfg.warehouse.as_deref(),
-                cfg.catalog_token(),
-                storage_props(cfg),
-            )
-            .await
+            rest::connect(uri, cfg.warehouse.as_deref(), cfg.catalog_token(), storage_props(cfg)).await
         }
         Some(uri) => {
             let warehouse = cfg.warehouse.as_deref().unwrap_or_default();
-            sql::connect(
-                uri,
-                &warehouse_url(warehouse)?,
-                cfg.catalog_name.as_deref(),
-                storage_props(cfg),
-            )
-            .await
+            sql::connect(uri, &warehouse_url(warehouse)?, cfg.catalog_name.as_deref(), storage_props(cfg))
+                .await
         }
     }
 }
@@ -86,9 +69,7 @@ pub async fn connect(cfg: &ServeConfig) -> StartResult<Connection> {
 /// Storage properties for `s3://` warehouses configured statically. A REST catalog's vended
 /// credentials arrive per table and need none of these.
 fn storage_props(cfg: &ServeConfig) -> HashMap<String, String> {
-    use iceberg::io::{
-        S3_ACCESS_KEY_ID, S3_ENDPOINT, S3_PATH_STYLE_ACCESS, S3_REGION, S3_SECRET_ACCESS_KEY,
-    };
+    use iceberg::io::{S3_ACCESS_KEY_ID, S3_ENDPOINT, S3_PATH_STYLE_ACCESS, S3_REGION, S3_SECRET_ACCESS_KEY};
     let mut p = HashMap::new();
     let mut put = |k: &str, v: &Option<String>| {
         if let Some(v) = v {

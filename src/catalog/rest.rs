@@ -7,9 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use iceberg::CatalogBuilder;
-use iceberg_catalog_rest::{
-    REST_CATALOG_PROP_URI, REST_CATALOG_PROP_WAREHOUSE, RestCatalogBuilder,
-};
+use iceberg_catalog_rest::{REST_CATALOG_PROP_URI, REST_CATALOG_PROP_WAREHOUSE, RestCatalogBuilder};
 
 use super::{Connection, describe, storage_factory};
 use crate::error::StartResult as Result;
@@ -20,24 +18,16 @@ pub async fn connect(
     token: Option<String>,
     mut props: HashMap<String, String>,
 ) -> Result<Connection> {
-    props.insert(
-        REST_CATALOG_PROP_URI.into(),
-        uri.trim_end_matches('/').into(),
-    );
+    props.insert(REST_CATALOG_PROP_URI.into(), uri.trim_end_matches('/').into());
     if let Some(w) = warehouse {
         props.insert(REST_CATALOG_PROP_WAREHOUSE.into(), w.into());
     }
     if let Some(t) = token {
         props.insert("token".into(), t);
     }
-    props.insert(
-        "header.X-Iceberg-Access-Delegation".into(),
-        "vended-credentials".into(),
-    );
-    let catalog = RestCatalogBuilder::default()
-        .with_storage_factory(storage_factory())
-        .load("rest", props)
-        .await?;
+    props.insert("header.X-Iceberg-Access-Delegation".into(), "vended-credentials".into());
+    let catalog =
+        RestCatalogBuilder::default().with_storage_factory(storage_factory()).load("rest", props).await?;
     Ok(Connection {
         catalog: Arc::new(catalog),
         kind: "rest",

@@ -20,21 +20,13 @@ pub async fn connect(
     name: Option<&str>,
     mut props: HashMap<String, String>,
 ) -> Result<Connection> {
-    let kind = if uri.starts_with("sqlite:") {
-        "sqlite"
-    } else {
-        "postgres"
-    };
+    let kind = if uri.starts_with("sqlite:") { "sqlite" } else { "postgres" };
     check_sqlite_file(uri)?;
     let name = match name {
         Some(n) => n.to_string(),
         None => only_catalog_name(uri).await?,
     };
-    let bind = if kind == "sqlite" {
-        SqlBindStyle::QMark
-    } else {
-        SqlBindStyle::DollarNumeric
-    };
+    let bind = if kind == "sqlite" { SqlBindStyle::QMark } else { SqlBindStyle::DollarNumeric };
     props.insert(SQL_CATALOG_PROP_URI.into(), uri.into());
     props.insert(SQL_CATALOG_PROP_WAREHOUSE.into(), warehouse.into());
     props.insert(SQL_CATALOG_PROP_BIND_STYLE.into(), bind.to_string());
@@ -51,17 +43,12 @@ pub async fn connect(
 
 /// A missing SQLite file would otherwise surface as an opaque driver error.
 fn check_sqlite_file(uri: &str) -> Result<()> {
-    let Some(rest) = uri
-        .strip_prefix("sqlite://")
-        .or_else(|| uri.strip_prefix("sqlite:"))
-    else {
+    let Some(rest) = uri.strip_prefix("sqlite://").or_else(|| uri.strip_prefix("sqlite:")) else {
         return Ok(());
     };
     let path = rest.split('?').next().unwrap_or(rest);
     if !path.is_empty() && path != ":memory:" && !std::path::Path::new(path).exists() {
-        return Err(StartError::Msg(format!(
-            "SQLite catalog file not found: {path}"
-        )));
+        return Err(StartError::Msg(format!("SQLite catalog file not found: {path}")));
     }
     Ok(())
 }
@@ -69,10 +56,7 @@ fn check_sqlite_file(uri: &str) -> Result<()> {
 /// PyIceberg writes one `catalog_name` per lake; use it when the user named none.
 async fn only_catalog_name(uri: &str) -> Result<String> {
     sqlx::any::install_default_drivers();
-    let pool = sqlx::any::AnyPoolOptions::new()
-        .max_connections(1)
-        .connect(uri)
-        .await?;
+    let pool = sqlx::any::AnyPoolOptions::new().max_connections(1).connect(uri).await?;
     let mut names: Vec<String> = Vec::new();
     for table in ["iceberg_tables", "iceberg_namespace_properties"] {
         let q = format!("SELECT DISTINCT catalog_name FROM {table}");

@@ -43,10 +43,7 @@ fn descriptor(f: &Field) -> Value {
 
 fn type_descriptor(t: &DataType) -> Value {
     match t {
-        DataType::List(c)
-        | DataType::LargeList(c)
-        | DataType::ListView(c)
-        | DataType::LargeListView(c) => {
+        DataType::List(c) | DataType::LargeList(c) | DataType::ListView(c) | DataType::LargeListView(c) => {
             json!({"name": "list", "item": descriptor(c)})
         }
         DataType::FixedSizeList(c, n) => json!({"name": "list", "size": n, "item": descriptor(c)}),
@@ -95,17 +92,10 @@ mod tests {
             "Timestamp(Microsecond, None)"
         );
         assert_eq!(
-            type_name(&DataType::Timestamp(
-                TimeUnit::Microsecond,
-                Some(Arc::from("UTC"))
-            )),
+            type_name(&DataType::Timestamp(TimeUnit::Microsecond, Some(Arc::from("UTC")))),
             "Timestamp(Microsecond, Some(\"UTC\"))"
         );
-        let list = Field::new(
-            "l",
-            DataType::List(Arc::new(Field::new("item", DataType::Int64, true))),
-            true,
-        );
+        let list = Field::new("l", DataType::List(Arc::new(Field::new("item", DataType::Int64, true))), true);
         assert_eq!(
             schema_entry(&list),
             json!({"name": "l", "descriptor": {"type": {"name": "list", "item": {"type": {"name": "Int64"}, "nullable": true}}, "nullable": true}})

@@ -31,11 +31,7 @@ use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Offset, TimeZone};
 
 /// Appends every row of `batch` to `out` as JSON objects, separated by commas; `first`
 /// says whether a row has been written before (the caller writes `[` and `]`).
-pub fn write_rows(
-    batch: &RecordBatch,
-    out: &mut Vec<u8>,
-    first: &mut bool,
-) -> Result<(), ArrowError> {
+pub fn write_rows(batch: &RecordBatch, out: &mut Vec<u8>, first: &mut bool) -> Result<(), ArrowError> {
     let schema = batch.schema();
     let keys: Vec<Vec<u8>> = schema
         .fields()
@@ -47,15 +43,8 @@ pub fn write_rows(
             k
         })
         .collect();
-    let columns = batch
-        .columns()
-        .iter()
-        .map(plain)
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut encoders = columns
-        .iter()
-        .map(|c| encoder(c.as_ref()))
-        .collect::<Result<Vec<_>, _>>()?;
+    let columns = batch.columns().iter().map(plain).collect::<Result<Vec<_>, _>>()?;
+    let mut encoders = columns.iter().map(|c| encoder(c.as_ref())).collect::<Result<Vec<_>, _>>()?;
     for row in 0..batch.num_rows() {
         if !*first {
             out.push(b',');
@@ -103,14 +92,8 @@ impl<E: FnMut(usize, &mut Vec<u8>)> Encode for Nullable<'_, E> {
     }
 }
 
-fn boxed<'a, E: FnMut(usize, &mut Vec<u8>) + 'a>(
-    array: &'a dyn Array,
-    inner: E,
-) -> Box<dyn Encode + 'a> {
-    Box::new(Nullable {
-        nulls: array.nulls(),
-        inner,
-    })
+fn boxed<'a, E: FnMut(usize, &mut Vec<u8>) + 'a>(array: &'a dyn Array, inner: E) -> Box<dyn Encode + 'a> {
+    Box::new(Nullable { nulls: array.nulls(), inner })
 }
 
 /// The encoder for a column, chosen once per batch.
@@ -126,16 +109,13 @@ pub fn encoder(array: &dyn Array) -> Result<Box<dyn Encode + '_>, ArrowError> {
     macro_rules! floats {
         ($t:ty) => {{
             let a = array.as_primitive::<$t>();
-            boxed(array, move |i, out: &mut Vec<u8>| {
-                write_f64(out, f64::from(a.value(i)))
-            })
+            boxed(array, move |i, out: &mut Vec<u8>| write_f64(out, f64::from(a.value(i))))
         }};
     }
     Ok(match array.data_type() {
-        DataType::Null => Box::new(Nullable {
-            nulls: None,
-            inner: |_, out: &mut Vec<u8>| out.extend_from_slice(b"null"),
-        }),
+        DataType::Null => {
+            Box::new(Nullable { nulls: None, inner: |_, out: &mut Vec<u8>| out.extend_from_slice(b"null") })
+        }
         DataType::Boolean => {
             let a = array.as_boolean();
             boxed(array, move |i, out: &mut Vec<u8>| {
@@ -152,9 +132,7 @@ pub fn encoder(array: &dyn Array) -> Result<Box<dyn Encode + '_>, ArrowError> {
         DataType::UInt64 => ints!(UInt64Type),
         DataType::Float16 => {
             let a = array.as_primitive::<Float16Type>();
-            boxed(array, move |i, out: &mut Vec<u8>| {
-                write_f64(out, a.value(i).to_f64())
-            })
+            boxed(array, move |i, out: &mut Vec<u8>| write_f64(out, a.value(i).to_f64()))
         }
         DataType::Float32 => floats!(Float32Type),
         DataType::Float64 => floats!(Float64Type),
@@ -169,45 +147,31 @@ pub fn encoder(array: &dyn Array) -> Result<Box<dyn Encode + '_>, ArrowError> {
         }
         DataType::Utf8 => {
             let a = array.as_string::<i32>();
-            boxed(array, move |i, out: &mut Vec<u8>| {
-                write_str(out, a.value(i))
-            })
+            boxed(array, move |i, out: &mut Vec<u8>| write_str(out, a.value(i)))
         }
         DataType::LargeUtf8 => {
             let a = array.as_string::<i64>();
-            boxed(array, move |i, out: &mut Vec<u8>| {
-                write_str(out, a.value(i))
-            })
+            boxed(array, move |i, out: &mut Vec<u8>| write_str(out, a.value(i)))
         }
         DataType::Utf8View => {
             let a = array.as_string_view();
-            boxed(array, move |i, out: &mut Vec<u8>| {
-                write_str(out, a.value(i))
-            })
+            boxed(array, move |i, out: &mut Vec<u8>| write_str(out, a.value(i)))
         }
         DataType::Binary => {
             let a = array.as_binary::<i32>();
-            boxed(array, move |i, out: &mut Vec<u8>| {
-                write_b64(out, a.value(i))
-            })
+            boxed(array, move |i, out: &mut Vec<u8>| write_b64(out, a.value(i)))
         }
         DataType::LargeBinary => {
             let a = array.as_binary::<i64>();
-            boxed(array, move |i, out: &mut Vec<u8>| {
-                write_b64(out, a.value(i))
-            })
+            boxed(array, move |i, out: &mut Vec<u8>| write_b64(out, a.value(i)))
         }
         DataType::BinaryView => {
             let a = array.as_binary_view();
-            boxed(array, move |i, out: &mut Vec<u8>| {
-                write_b64(out, a.value(i))
-            })
+            boxed(array, move |i, out: &mut Vec<u8>| write_b64(out, a.value(i)))
         }
         DataType::FixedSizeBinary(_) => {
             let a = array.as_fixed_size_binary();
-            boxed(array, move |i, out: &mut Vec<u8>| {
-                write_b64(out, a.value(i))
-            })
+            boxed(array, move |i, out: &mut Vec<u8>| write_b64(out, a.value(i)))
         }
         DataType::Date32 => {
             let a = array.as_primitive::<Date32Type>();
@@ -224,27 +188,19 @@ pub fn encoder(array: &dyn Array) -> Result<Box<dyn Encode + '_>, ArrowError> {
         DataType::Timestamp(unit, tz) => timestamp_encoder(array, *unit, tz.as_deref())?,
         DataType::Time32(TimeUnit::Second) => {
             let a = array.as_primitive::<Time32SecondType>();
-            boxed(array, move |i, out: &mut Vec<u8>| {
-                write_time(out, a.value(i) as i64 * 1_000_000, false)
-            })
+            boxed(array, move |i, out: &mut Vec<u8>| write_time(out, a.value(i) as i64 * 1_000_000, false))
         }
         DataType::Time32(_) => {
             let a = array.as_primitive::<Time32MillisecondType>();
-            boxed(array, move |i, out: &mut Vec<u8>| {
-                write_time(out, a.value(i) as i64 * 1_000, false)
-            })
+            boxed(array, move |i, out: &mut Vec<u8>| write_time(out, a.value(i) as i64 * 1_000, false))
         }
         DataType::Time64(TimeUnit::Nanosecond) => {
             let a = array.as_primitive::<Time64NanosecondType>();
-            boxed(array, move |i, out: &mut Vec<u8>| {
-                write_time(out, a.value(i), true)
-            })
+            boxed(array, move |i, out: &mut Vec<u8>| write_time(out, a.value(i), true))
         }
         DataType::Time64(_) => {
             let a = array.as_primitive::<Time64MicrosecondType>();
-            boxed(array, move |i, out: &mut Vec<u8>| {
-                write_time(out, a.value(i), false)
-            })
+            boxed(array, move |i, out: &mut Vec<u8>| write_time(out, a.value(i), false))
         }
         DataType::List(_) => list_encoder(array, array.as_list::<i32>())?,
         DataType::LargeList(_) => list_encoder(array, array.as_list::<i64>())?,
@@ -275,11 +231,8 @@ pub fn encoder(array: &dyn Array) -> Result<Box<dyn Encode + '_>, ArrowError> {
                     k
                 })
                 .collect();
-            let mut children = a
-                .columns()
-                .iter()
-                .map(|c| encoder(c.as_ref()))
-                .collect::<Result<Vec<_>, _>>()?;
+            let mut children =
+                a.columns().iter().map(|c| encoder(c.as_ref())).collect::<Result<Vec<_>, _>>()?;
             boxed(array, move |i, out: &mut Vec<u8>| {
                 out.push(b'{');
                 for (j, c) in children.iter_mut().enumerate() {
@@ -294,15 +247,10 @@ pub fn encoder(array: &dyn Array) -> Result<Box<dyn Encode + '_>, ArrowError> {
         }
         DataType::Map(_, _) => {
             let a = array.as_map();
-            let string_keys = matches!(
-                a.key_type(),
-                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
-            );
+            let string_keys =
+                matches!(a.key_type(), DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View);
             let key_strings = if string_keys {
-                Some(ArrayFormatter::try_new(
-                    a.keys().as_ref(),
-                    &FormatOptions::default(),
-                )?)
+                Some(ArrayFormatter::try_new(a.keys().as_ref(), &FormatOptions::default())?)
             } else {
                 None
             };
@@ -336,9 +284,7 @@ pub fn encoder(array: &dyn Array) -> Result<Box<dyn Encode + '_>, ArrowError> {
         }
         _ => {
             let f = ArrayFormatter::try_new(array, &FormatOptions::default())?;
-            boxed(array, move |i, out: &mut Vec<u8>| {
-                write_str(out, &f.value(i).to_string())
-            })
+            boxed(array, move |i, out: &mut Vec<u8>| write_str(out, &f.value(i).to_string()))
         }
     })
 }
@@ -403,23 +349,12 @@ fn write_datetime(
     out.push(b'"');
     match zone {
         None => {
-            let _ = write!(
-                out,
-                "{}{}Z",
-                utc.format("%Y-%m-%dT%H:%M:%S"),
-                utc.format(frac)
-            );
+            let _ = write!(out, "{}{}Z", utc.format("%Y-%m-%dT%H:%M:%S"), utc.format(frac));
         }
         Some(z) => {
             let local = z.from_utc_datetime(&utc);
             let offset = local.offset().fix();
-            let _ = write!(
-                out,
-                "{}{}{}",
-                local.format("%Y-%m-%dT%H:%M:%S"),
-                local.format(frac),
-                offset
-            );
+            let _ = write!(out, "{}{}{}", local.format("%Y-%m-%dT%H:%M:%S"), local.format(frac), offset);
         }
     }
     out.push(b'"');
@@ -435,11 +370,7 @@ fn write_date(out: &mut Vec<u8>, d: Option<NaiveDate>) {
 }
 
 fn write_time(out: &mut Vec<u8>, v: i64, nanos_unit: bool) {
-    let ns = if nanos_unit {
-        v
-    } else {
-        v.saturating_mul(1_000)
-    };
+    let ns = if nanos_unit { v } else { v.saturating_mul(1_000) };
     let secs = ns.div_euclid(1_000_000_000);
     let sub = ns.rem_euclid(1_000_000_000);
     match NaiveTime::from_num_seconds_from_midnight_opt(secs as u32, sub as u32) {
@@ -463,11 +394,7 @@ fn write_f64(out: &mut Vec<u8>, v: f64) {
 
 fn write_b64(out: &mut Vec<u8>, v: &[u8]) {
     out.push(b'"');
-    out.extend_from_slice(
-        base64::engine::general_purpose::STANDARD
-            .encode(v)
-            .as_bytes(),
-    );
+    out.extend_from_slice(base64::engine::general_purpose::STANDARD.encode(v).as_bytes());
     out.push(b'"');
 }
 
@@ -510,52 +437,31 @@ mod tests {
         let mut first = true;
         write_rows(batch, &mut out, &mut first).unwrap();
         out.push(b']');
-        serde_json::from_slice(&out)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out)))
+        serde_json::from_slice(&out).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out)))
     }
 
     #[test]
     fn scalars() {
         let batch = RecordBatch::try_from_iter(vec![
-            (
-                "i",
-                Arc::new(Int64Array::from(vec![Some(1), None])) as ArrayRef,
-            ),
-            (
-                "f",
-                Arc::new(Float64Array::from(vec![f64::NAN, 1.5])) as ArrayRef,
-            ),
-            (
-                "s",
-                Arc::new(StringArray::from(vec![Some("a\"\n\u{1}"), None])) as ArrayRef,
-            ),
-            (
-                "b",
-                Arc::new(BinaryArray::from(vec![Some(&b"hi"[..]), None])) as ArrayRef,
-            ),
+            ("i", Arc::new(Int64Array::from(vec![Some(1), None])) as ArrayRef),
+            ("f", Arc::new(Float64Array::from(vec![f64::NAN, 1.5])) as ArrayRef),
+            ("s", Arc::new(StringArray::from(vec![Some("a\"\n\u{1}"), None])) as ArrayRef),
+            ("b", Arc::new(BinaryArray::from(vec![Some(&b"hi"[..]), None])) as ArrayRef),
             (
                 "t",
-                Arc::new(TimestampMicrosecondArray::from(vec![
-                    Some(1_760_120_961_000_000),
-                    None,
-                ])) as ArrayRef,
+                Arc::new(TimestampMicrosecondArray::from(vec![Some(1_760_120_961_000_000), None]))
+                    as ArrayRef,
             ),
             (
                 "tz",
-                Arc::new(
-                    TimestampMicrosecondArray::from(vec![Some(0), None]).with_timezone("+02:00"),
-                ) as ArrayRef,
+                Arc::new(TimestampMicrosecondArray::from(vec![Some(0), None]).with_timezone("+02:00"))
+                    as ArrayRef,
             ),
-            (
-                "d",
-                Arc::new(Date32Array::from(vec![Some(0), None])) as ArrayRef,
-            ),
+            ("d", Arc::new(Date32Array::from(vec![Some(0), None])) as ArrayRef),
             (
                 "dec",
                 Arc::new(
-                    Decimal128Array::from(vec![Some(1230), None])
-                        .with_precision_and_scale(10, 2)
-                        .unwrap(),
+                    Decimal128Array::from(vec![Some(1230), None]).with_precision_and_scale(10, 2).unwrap(),
                 ) as ArrayRef,
             ),
         ])

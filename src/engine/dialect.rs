@@ -3,12 +3,8 @@
 
 /// The rewritten SQL, or `None` when the statement needs no rewriting.
 pub fn rewrite(sql: &str) -> Option<String> {
-    let words: Vec<String> = sql
-        .trim()
-        .trim_end_matches(';')
-        .split_whitespace()
-        .map(|w| w.to_ascii_uppercase())
-        .collect();
+    let words: Vec<String> =
+        sql.trim().trim_end_matches(';').split_whitespace().map(|w| w.to_ascii_uppercase()).collect();
     let words: Vec<&str> = words.iter().map(String::as_str).collect();
     match words.as_slice() {
         ["SHOW", "DATABASES" | "NAMESPACES" | "SCHEMAS"] => Some(format!(
@@ -35,22 +31,10 @@ mod tests {
 
     #[test]
     fn rewrites() {
-        assert!(
-            rewrite("show databases;")
-                .unwrap()
-                .contains("information_schema.schemata")
-        );
+        assert!(rewrite("show databases;").unwrap().contains("information_schema.schemata"));
         assert!(rewrite("SHOW NAMESPACES").is_some());
-        assert!(
-            rewrite("SHOW TABLES IN glass")
-                .unwrap()
-                .contains("table_schema = 'glass'")
-        );
-        assert!(
-            rewrite("SHOW TABLES IN gl'ass")
-                .unwrap()
-                .contains("'gl''ass'")
-        );
+        assert!(rewrite("SHOW TABLES IN glass").unwrap().contains("table_schema = 'glass'"));
+        assert!(rewrite("SHOW TABLES IN gl'ass").unwrap().contains("'gl''ass'"));
         assert_eq!(rewrite("SELECT 1"), None);
         assert_eq!(rewrite("SHOW TABLES"), None);
     }

@@ -16,9 +16,7 @@ use arrow::datatypes::{DataType, Field, FieldRef, Fields, UInt64Type};
 use datafusion::common::{ScalarValue, exec_err, plan_err};
 use datafusion::error::Result;
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
-use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Signature, Volatility,
-};
+use datafusion::logical_expr::{Accumulator, AggregateUDF, AggregateUDFImpl, Signature, Volatility};
 use datafusion::physical_expr::expressions::Literal;
 
 /// Counters kept per group: enough that the top `k` of a skewed distribution are exact.
@@ -27,9 +25,7 @@ fn capacity(k: usize) -> usize {
 }
 
 pub fn approx_top_k() -> AggregateUDF {
-    AggregateUDF::from(ApproxTopK {
-        signature: Signature::any(2, Volatility::Immutable),
-    })
+    AggregateUDF::from(ApproxTopK { signature: Signature::any(2, Volatility::Immutable) })
 }
 
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -38,18 +34,11 @@ struct ApproxTopK {
 }
 
 fn entry_fields(value: &DataType) -> Fields {
-    Fields::from(vec![
-        Field::new("value", value.clone(), true),
-        Field::new("count", DataType::UInt64, false),
-    ])
+    Fields::from(vec![Field::new("value", value.clone(), true), Field::new("count", DataType::UInt64, false)])
 }
 
 fn result_type(value: &DataType) -> DataType {
-    DataType::List(Arc::new(Field::new(
-        "item",
-        DataType::Struct(entry_fields(value)),
-        true,
-    )))
+    DataType::List(Arc::new(Field::new("item", DataType::Struct(entry_fields(value)), true)))
 }
 
 impl AggregateUDFImpl for ApproxTopK {
@@ -67,41 +56,26 @@ impl AggregateUDFImpl for ApproxTopK {
 
     fn return_type(&self, args: &[DataType]) -> Result<DataType> {
         if !args[1].is_integer() {
-            return plan_err!(
-                "approx_top_k(expr, k): k must be an integer literal, got {}",
-                args[1]
-            );
+            return plan_err!("approx_top_k(expr, k): k must be an integer literal, got {}", args[1]);
         }
         Ok(result_type(&args[0]))
     }
 
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        let k = match args.exprs[1]
-            .as_any()
-            .downcast_ref::<Literal>()
-            .map(|l| l.value())
-        {
+        let k = match args.exprs[1].as_any().downcast_ref::<Literal>().map(|l| l.value()) {
             Some(v) if !v.is_null() => match v.cast_to(&DataType::Int64)? {
                 ScalarValue::Int64(Some(k)) if k > 0 && k <= 100_000 => k as usize,
                 _ => return exec_err!("approx_top_k(expr, k): k must be between 1 and 100000"),
             },
             _ => return exec_err!("approx_top_k(expr, k): k must be a constant"),
         };
-        Ok(Box::new(TopK {
-            k,
-            value_type: args.expr_fields[0].data_type().clone(),
-            counts: HashMap::new(),
-        }))
+        Ok(Box::new(TopK { k, value_type: args.expr_fields[0].data_type().clone(), counts: HashMap::new() }))
     }
 
     fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
         let value = args.input_fields[0].data_type().clone();
         Ok(vec![
-            Arc::new(Field::new(
-                "values",
-                DataType::List(Arc::new(Field::new("item", value, true))),
-                true,
-            )),
+            Arc::new(Field::new("values", DataType::List(Arc::new(Field::new("item", value, true))), true)),
             Arc::new(Field::new(
                 "counts",
                 DataType::List(Arc::new(Field::new("item", DataType::UInt64, true))),
@@ -129,12 +103,8 @@ impl TopK {
             return;
         }
         // Space-Saving: the new value takes over the smallest counter.
-        let (min_key, min) = self
-            .counts
-            .iter()
-            .min_by_key(|(_, c)| **c)
-            .map(|(k, c)| (k.clone(), *c))
-            .expect("full");
+        let (min_key, min) =
+            self.counts.iter().min_by_key(|(_, c)| **c).map(|(k, c)| (k.clone(), *c)).expect("full");
         self.counts.remove(&min_key);
         self.counts.insert(value, min + n);
     }
@@ -143,8 +113,7 @@ impl TopK {
         let mut v: Vec<(&ScalarValue, u64)> = self.counts.iter().map(|(k, c)| (k, *c)).collect();
         // Most frequent first; ties in value order, so answers are deterministic.
         v.sort_by(|a, b| {
-            b.1.cmp(&a.1)
-                .then_with(|| a.0.partial_cmp(b.0).unwrap_or(std::cmp::Ordering::Equal))
+            b.1.cmp(&a.1).then_with(|| a.0.partial_cmp(b.0).unwrap_or(std::cmp::Ordering::Equal))
         });
         v
     }
@@ -181,10 +150,7 @@ impl Accumulator for TopK {
     fn state(&mut self) -> Result<Vec<ScalarValue>> {
         let entries = self.sorted();
         let values: Vec<ScalarValue> = entries.iter().map(|(v, _)| (*v).clone()).collect();
-        let counts: Vec<ScalarValue> = entries
-            .iter()
-            .map(|(_, c)| ScalarValue::UInt64(Some(*c)))
-            .collect();
+        let counts: Vec<ScalarValue> = entries.iter().map(|(_, c)| ScalarValue::UInt64(Some(*c))).collect();
         Ok(vec![
             ScalarValue::List(ScalarValue::new_list_nullable(&values, &self.value_type)),
             ScalarValue::List(ScalarValue::new_list_nullable(&counts, &DataType::UInt64)),
@@ -199,23 +165,11 @@ impl Accumulator for TopK {
         } else {
             ScalarValue::iter_to_array(values)?
         };
-        let counts: ArrayRef = Arc::new(UInt64Array::from(
-            top.iter().map(|(_, c)| *c).collect::<Vec<_>>(),
-        ));
+        let counts: ArrayRef = Arc::new(UInt64Array::from(top.iter().map(|(_, c)| *c).collect::<Vec<_>>()));
         let n = counts.len();
-        let entries =
-            StructArray::try_new(entry_fields(&self.value_type), vec![values, counts], None)?;
-        let field = Arc::new(Field::new(
-            "item",
-            DataType::Struct(entry_fields(&self.value_type)),
-            true,
-        ));
-        let list = ListArray::try_new(
-            field,
-            OffsetBuffer::from_lengths([n]),
-            Arc::new(entries),
-            None,
-        )?;
+        let entries = StructArray::try_new(entry_fields(&self.value_type), vec![values, counts], None)?;
+        let field = Arc::new(Field::new("item", DataType::Struct(entry_fields(&self.value_type)), true));
+        let list = ListArray::try_new(field, OffsetBuffer::from_lengths([n]), Arc::new(entries), None)?;
         Ok(ScalarValue::List(Arc::new(list)))
     }
 

@@ -3,18 +3,23 @@
 
 mod dialect;
 mod functions;
+pub mod limits;
 pub mod readonly;
 pub mod stats;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow::datatypes::SchemaRef;
 use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::memory_pool::FairSpillPool;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 
 use crate::error::{Result, SkiffError};
 use crate::lake::Lake;
+use limits::{Admission, Bounded};
 use stats::QueryStats;
 
 /// The name SQL can give the lake's catalog (`lake.glass.events`); it is also the default,
@@ -24,7 +29,19 @@ pub const CATALOG: &str = "lake";
 pub struct Engine {
     ctx: SessionContext,
     lake: Arc<Lake>,
-    max_sql_bytes: usize,
+    limits: Limits,
+    admission: Admission,
+}
+
+/// The engine's limits (see `config` for each one's meaning and default).
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_sql_bytes: usize,
+    pub query_timeout: Duration,
+    pub max_concurrent: usize,
+    pub max_queued: usize,
+    pub queue_timeout: Duration,
+    pub memory_limit: usize,
 }
 
 /// A running query: its schema, its batches as they are produced, and what it has cost so far.
@@ -35,12 +52,8 @@ pub struct Query {
 }
 
 impl Engine {
-    pub fn new(lake: Arc<Lake>, max_sql_bytes: usize) -> Result<Self> {
-        let default_schema = lake
-            .namespaces()
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| "public".into());
+    pub fn new(lake: Arc<Lake>, limits: Limits) -> Result<Self> {
+        let default_schema = lake.namespaces().into_iter().next().unwrap_or_else(|| "public".into());
         let mut config = SessionConfig::new()
             .with_information_schema(true)
             .with_default_catalog_and_schema(CATALOG, &default_schema)
@@ -49,19 +62,22 @@ impl Engine {
         // The lake's schema declares strings as Utf8; reading them as views only to cast back
         // would cost time for nothing.
         opts.execution.parquet.schema_force_view_types = false;
+        // Fair shares of one pool: each running query may use its part, and operators that
+        // can spill (sorts, aggregations, joins) go to local disk before failing.
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_pool(Arc::new(FairSpillPool::new(limits.memory_limit)))
+            .build_arc()?;
         let state = SessionStateBuilder::new()
             .with_config(config)
+            .with_runtime_env(runtime)
             .with_default_features()
             .build();
         let mut ctx = SessionContext::new_with_state(state);
         ctx.register_catalog(CATALOG, lake.catalog_provider());
         datafusion_functions_json::register_all(&mut ctx)?;
         ctx.register_udaf(functions::approx_top_k());
-        Ok(Self {
-            ctx,
-            lake,
-            max_sql_bytes,
-        })
+        let admission = Admission::new(limits.max_concurrent, limits.max_queued, limits.queue_timeout);
+        Ok(Self { ctx, lake, limits, admission })
     }
 
     pub fn lake(&self) -> &Arc<Lake> {
@@ -71,31 +87,38 @@ impl Engine {
     /// Plans and starts one query. Errors in planning (syntax, unknown tables and columns,
     /// refused statements, an unreachable catalog) come back here, before any row.
     pub async fn execute(&self, sql: &str) -> Result<Query> {
-        if sql.len() > self.max_sql_bytes {
+        if sql.len() > self.limits.max_sql_bytes {
             return Err(SkiffError::BadRequest(format!(
                 "SQL text is {} bytes, over the limit of {} bytes",
                 sql.len(),
-                self.max_sql_bytes
+                self.limits.max_sql_bytes
             )));
         }
         if sql.trim().is_empty() {
             return Err(SkiffError::BadRequest("the query is empty".into()));
         }
+        // One deadline covers waiting for a slot, planning, running and streaming.
+        let deadline = tokio::time::Instant::now() + self.limits.query_timeout;
+        let permit = self.admission.admit(deadline).await?;
+        let started =
+            tokio::time::timeout_at(deadline, self.start(sql)).await.map_err(|_| SkiffError::Timeout)??;
+        Ok(Query {
+            schema: started.schema,
+            stream: Box::pin(Bounded::new(started.stream, deadline, permit)),
+            stats: started.stats,
+        })
+    }
+
+    async fn start(&self, sql: &str) -> Result<Query> {
         let mut state = self.ctx.state();
         let stats = Arc::new(QueryStats::default());
         state.config_mut().set_extension(stats.clone());
         let rewritten = dialect::rewrite(sql);
-        let plan = state
-            .create_logical_plan(rewritten.as_deref().unwrap_or(sql))
-            .await?;
+        let plan = state.create_logical_plan(rewritten.as_deref().unwrap_or(sql)).await?;
         readonly::check(&plan)?;
         let df = DataFrame::new(state, plan);
         let schema = Arc::new(df.schema().as_arrow().clone());
         let stream = df.execute_stream().await?;
-        Ok(Query {
-            schema,
-            stream,
-            stats,
-        })
+        Ok(Query { schema, stream, stats })
     }
 }

@@ -17,8 +17,6 @@ pub fn check(plan: &LogicalPlan) -> Result<()> {
         .map_err(|e| {
             let why = e.strip_backtrace();
             let why = why.strip_prefix("Error during planning: ").unwrap_or(&why);
-            SkiffError::ReadOnly(format!(
-                "skiff is read-only and accepts only queries: {why}"
-            ))
+            SkiffError::ReadOnly(format!("skiff is read-only and accepts only queries: {why}"))
         })
 }

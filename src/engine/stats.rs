@@ -24,10 +24,7 @@ impl QueryStats {
     /// The stats of the query a session belongs to. A session without them (a planning
     /// path skiff did not set up) gets a throwaway set, so scans never fail for lack of one.
     pub fn of(state: &dyn Session) -> Arc<QueryStats> {
-        state
-            .config()
-            .get_extension::<QueryStats>()
-            .unwrap_or_default()
+        state.config().get_extension::<QueryStats>().unwrap_or_default()
     }
 
     pub fn record_snapshot(&self, table: String, snapshot: Option<i64>) {

@@ -11,7 +11,7 @@ use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::query::{Encoder, QueryLog, body_stream, read_body, start};
+use super::query::{Cap, Encoder, QueryLog, body_stream, read_body, start};
 use super::{AppState, RequestId};
 use crate::encode::{basin, json};
 use crate::engine::stats::QueryStats;
@@ -25,16 +25,10 @@ pub async fn query(
     body: Body,
 ) -> Response {
     let mut log = QueryLog::new(id.0.clone(), "basin");
-    let auth = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
+    let auth = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     if !state.auth.check_header(auth) {
         // Basin tells a missing token (401) from a wrong one (403).
-        let status = if auth.is_some() {
-            StatusCode::FORBIDDEN
-        } else {
-            StatusCode::UNAUTHORIZED
-        };
+        let status = if auth.is_some() { StatusCode::FORBIDDEN } else { StatusCode::UNAUTHORIZED };
         let e = SkiffError::Unauthorized;
         log.finish(Err(&e));
         return failure(status, &e);
@@ -50,16 +44,10 @@ pub async fn query(
     match started {
         Ok(s) => {
             log.stats = Some(s.stats.clone());
-            let encoder = Envelope {
-                request_id: id.0,
-                has_rows: s.first.is_some(),
-                stats: s.stats.clone(),
-            };
-            let mut res = Body::from_stream(body_stream(s, encoder, log)).into_response();
-            res.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
+            let encoder = Envelope { request_id: id.0, has_rows: s.first.is_some(), stats: s.stats.clone() };
+            let cap = Cap { rows: state.max_result_rows, bytes: state.max_result_bytes };
+            let mut res = Body::from_stream(body_stream(s, encoder, log, cap)).into_response();
+            res.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
             res
         }
         Err(e) => {
@@ -71,9 +59,8 @@ pub async fn query(
 
 fn failure(status: StatusCode, e: &SkiffError) -> Response {
     let mut res = (status, axum::Json(basin::failure(e))).into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        res.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    if let Some(secs) = e.retry_after() {
+        res.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(secs));
     }
     res
 }
@@ -89,11 +76,7 @@ struct Envelope {
 impl Encoder for Envelope {
     fn head(&mut self, schema: &SchemaRef) -> Result<Vec<u8>, arrow::error::ArrowError> {
         // Basin answers an empty result with an empty schema.
-        let schema = if self.has_rows {
-            basin::schema(schema)
-        } else {
-            serde_json::Value::Array(vec![])
-        };
+        let schema = if self.has_rows { basin::schema(schema) } else { serde_json::Value::Array(vec![]) };
         let mut out = br#"{"success":true,"errors":[],"result":{"request_id":"#.to_vec();
         json::write_str(&mut out, &self.request_id);
         out.extend_from_slice(br#","schema":"#);
@@ -113,11 +96,23 @@ impl Encoder for Envelope {
     }
 
     fn tail(&mut self) -> Result<Vec<u8>, arrow::error::ArrowError> {
+        Ok(self.close(serde_json::json!([])))
+    }
+
+    /// Basin clients read `messages`: a cut result says so there.
+    fn tail_truncated(&mut self, why: &str) -> Option<Result<Vec<u8>, arrow::error::ArrowError>> {
+        let message = serde_json::json!([{"code": 10100, "message": format!("result truncated: {why}")}]);
+        Some(Ok(self.close(message)))
+    }
+}
+
+impl Envelope {
+    fn close(&self, messages: serde_json::Value) -> Vec<u8> {
         let metrics = serde_json::json!({
             "r2_requests_count": self.stats.requests(),
             "files_scanned": self.stats.files_scanned(),
             "bytes_scanned": self.stats.bytes_scanned(),
         });
-        Ok(format!(r#"],"metrics":{metrics}}},"messages":[]}}"#).into_bytes())
+        format!(r#"],"metrics":{metrics}}},"messages":{messages}}}"#).into_bytes()
     }
 }

@@ -24,6 +24,8 @@ pub struct AppState {
     pub auth: Auth,
     pub catalog_kind: &'static str,
     pub max_body_bytes: usize,
+    pub max_result_rows: u64,
+    pub max_result_bytes: u64,
     pub log_sql: bool,
 }
 
@@ -36,14 +38,8 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/_health", get(health))
         // The Basin route answers auth failures in Basin's envelope, so it checks tokens itself.
-        .route(
-            "/api/v1/accounts/{account}/basin-sql/query/{bucket}",
-            post(basin::query),
-        )
-        .route(
-            "/api/v1/accounts/{account}/r2-sql/query/{bucket}",
-            post(basin::query),
-        )
+        .route("/api/v1/accounts/{account}/basin-sql/query/{bucket}", post(basin::query))
+        .route("/api/v1/accounts/{account}/r2-sql/query/{bucket}", post(basin::query))
         .merge(authed)
         .fallback(not_found)
         .layer(middleware::from_fn(request_id))
@@ -62,8 +58,7 @@ async fn request_id(mut req: Request, next: Next) -> Response {
         .filter(|v| {
             !v.is_empty()
                 && v.len() <= 128
-                && v.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+                && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
         })
         .map(String::from)
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
@@ -76,10 +71,7 @@ async fn request_id(mut req: Request, next: Next) -> Response {
 }
 
 async fn require_token(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let header = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
+    let header = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     if state.auth.check_header(header) {
         next.run(req).await
     } else {
@@ -96,11 +88,7 @@ async fn welcome(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> 
     let tables: Vec<String> = lake
         .namespaces()
         .iter()
-        .flat_map(|ns| {
-            lake.table_names(ns)
-                .into_iter()
-                .map(move |t| format!("{ns}.{t}"))
-        })
+        .flat_map(|ns| lake.table_names(ns).into_iter().map(move |t| format!("{ns}.{t}")))
         .collect();
     Json(json!({
         "name": "skiff",
@@ -126,12 +114,10 @@ impl IntoResponse for SkiffError {
         let body = json!({"error": {"code": self.code(), "message": self.to_string()}});
         let mut res = (status, Json(body)).into_response();
         if status == StatusCode::UNAUTHORIZED {
-            res.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            res.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            res.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        if let Some(secs) = self.retry_after() {
+            res.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(secs));
         }
         res
     }

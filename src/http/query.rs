@@ -40,16 +40,7 @@ pub async fn json_rows(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    respond(
-        &state,
-        id,
-        "/query",
-        &headers,
-        body,
-        JsonArray,
-        "application/json",
-    )
-    .await
+    respond(&state, id, "/query", &headers, body, JsonArray, "application/json").await
 }
 
 pub async fn arrow_stream(
@@ -58,16 +49,7 @@ pub async fn arrow_stream(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    respond(
-        &state,
-        id,
-        "/streaming-query",
-        &headers,
-        body,
-        ArrowStream(None),
-        arrow_ipc::CONTENT_TYPE,
-    )
-    .await
+    respond(&state, id, "/streaming-query", &headers, body, ArrowStream(None), arrow_ipc::CONTENT_TYPE).await
 }
 
 async fn respond<E: Encoder>(
@@ -89,12 +71,21 @@ async fn respond<E: Encoder>(
     }
     .await;
     match started {
+        // A first batch already over the row cap fails before any byte is sent.
+        Ok(s) if s.first.as_ref().is_some_and(|b| b.num_rows() as u64 > state.max_result_rows) => {
+            let e = SkiffError::ResultTooLarge(format!(
+                "the result has more than {} rows (--max-result-rows)",
+                state.max_result_rows
+            ));
+            log.finish(Err(&e));
+            e.into_response()
+        }
         Ok(s) => {
             log.stats = Some(s.stats.clone());
-            let stream = body_stream(s, encoder, log);
+            let cap = Cap { rows: state.max_result_rows, bytes: state.max_result_bytes };
+            let stream = body_stream(s, encoder, log, cap);
             let mut res = Body::from_stream(stream).into_response();
-            res.headers_mut()
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+            res.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
             res
         }
         Err(e) => {
@@ -110,13 +101,8 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
         let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
         let essence = ct.split(';').next().unwrap_or("").trim();
         // curl -d sends form-urlencoded by default; its body is still the JSON we expect.
-        let ok = [
-            "application/json",
-            "text/plain",
-            "application/x-www-form-urlencoded",
-            "",
-        ]
-        .contains(&essence)
+        let ok = ["application/json", "text/plain", "application/x-www-form-urlencoded", ""]
+            .contains(&essence)
             || essence.ends_with("+json");
         if !ok {
             return Err(SkiffError::UnsupportedMediaType(format!(
@@ -124,10 +110,8 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
             )));
         }
     }
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(SkiffError::PayloadTooLarge { limit });
     }
@@ -164,12 +148,7 @@ pub async fn start(state: &AppState, sql: &str) -> Result<Started> {
             None => break None,
         }
     };
-    Ok(Started {
-        schema: q.schema,
-        first,
-        rest: q.stream,
-        stats: q.stats,
-    })
+    Ok(Started { schema: q.schema, first, rest: q.stream, stats: q.stats })
 }
 
 /// Turns batches into response bytes.
@@ -181,6 +160,11 @@ pub trait Encoder: Send + 'static {
         first_row: &mut bool,
     ) -> Result<Vec<u8>, arrow::error::ArrowError>;
     fn tail(&mut self) -> Result<Vec<u8>, arrow::error::ArrowError>;
+    /// Ends a result cut at a limit, saying so, if this encoding has a way to say it. Without
+    /// one the response fails instead, so a cut result is never taken for a whole one.
+    fn tail_truncated(&mut self, _why: &str) -> Option<Result<Vec<u8>, arrow::error::ArrowError>> {
+        None
+    }
 }
 
 pub struct JsonArray;
@@ -211,11 +195,7 @@ impl Encoder for ArrowStream {
         self.0 = Some(enc);
         Ok(head)
     }
-    fn batch(
-        &mut self,
-        batch: &RecordBatch,
-        _: &mut bool,
-    ) -> Result<Vec<u8>, arrow::error::ArrowError> {
+    fn batch(&mut self, batch: &RecordBatch, _: &mut bool) -> Result<Vec<u8>, arrow::error::ArrowError> {
         self.0.as_mut().expect("head first").batch(batch)
     }
     fn tail(&mut self) -> Result<Vec<u8>, arrow::error::ArrowError> {
@@ -226,11 +206,14 @@ impl Encoder for ArrowStream {
 enum Phase {
     Head,
     Body,
+    /// A cap was reached: the result ends here, saying why.
+    Truncated(String),
     Done,
 }
 
 struct BodyState<E> {
     phase: Phase,
+    cap: Cap,
     schema: SchemaRef,
     first: Option<RecordBatch>,
     rest: SendableRecordBatchStream,
@@ -246,9 +229,11 @@ pub fn body_stream<E: Encoder>(
     s: Started,
     encoder: E,
     log: QueryLog,
+    cap: Cap,
 ) -> impl futures::Stream<Item = Result<Bytes, BoxError>> + Send {
     let state = BodyState {
         phase: Phase::Head,
+        cap,
         schema: s.schema,
         first: s.first,
         rest: s.rest,
@@ -258,47 +243,81 @@ pub fn body_stream<E: Encoder>(
     };
     futures::stream::unfold(state, |mut st| async move {
         loop {
-            match st.phase {
+            let item = match st.phase {
                 Phase::Head => {
                     st.phase = Phase::Body;
-                    let mut out = match st.encoder.head(&st.schema) {
-                        Ok(b) => b,
-                        Err(e) => return Some((Err(st.fail(e.into())), st)),
-                    };
-                    if let Some(b) = st.first.take() {
-                        st.log.rows += b.num_rows() as u64;
-                        match st.encoder.batch(&b, &mut st.first_row) {
-                            Ok(bytes) => out.extend_from_slice(&bytes),
-                            Err(e) => return Some((Err(st.fail(e.into())), st)),
+                    let head = st.encoder.head(&st.schema);
+                    let first = st.first.take();
+                    head.and_then(|mut out| {
+                        if let Some(b) = first {
+                            out.extend(st.emit(&b)?);
                         }
-                    }
-                    return Some((Ok(Bytes::from(out)), st));
+                        Ok(out)
+                    })
                 }
                 Phase::Body => match st.rest.next().await {
-                    Some(Ok(b)) => {
-                        st.log.rows += b.num_rows() as u64;
-                        match st.encoder.batch(&b, &mut st.first_row) {
-                            Ok(bytes) if bytes.is_empty() => continue,
-                            Ok(bytes) => return Some((Ok(Bytes::from(bytes)), st)),
-                            Err(e) => return Some((Err(st.fail(e.into())), st)),
-                        }
-                    }
+                    Some(Ok(b)) => st.emit(&b),
                     Some(Err(e)) => return Some((Err(st.fail(e.into())), st)),
                     None => {
                         st.phase = Phase::Done;
-                        return match st.encoder.tail() {
-                            Ok(bytes) => {
-                                st.log.finish(Ok(()));
-                                Some((Ok(Bytes::from(bytes)), st))
-                            }
-                            Err(e) => Some((Err(st.fail(e.into())), st)),
-                        };
+                        st.encoder.tail().inspect(|_| st.log.finish(Ok(())))
                     }
                 },
+                Phase::Truncated(ref why) => {
+                    let why = why.clone();
+                    st.phase = Phase::Done;
+                    match st.encoder.tail_truncated(&why) {
+                        Some(tail) => {
+                            st.log.truncated = true;
+                            tail.inspect(|_| st.log.finish(Ok(())))
+                        }
+                        None => return Some((Err(st.fail(SkiffError::ResultTooLarge(why))), st)),
+                    }
+                }
                 Phase::Done => return None,
-            }
+            };
+            return match item {
+                Ok(bytes) if bytes.is_empty() && matches!(st.phase, Phase::Body) => continue,
+                Ok(bytes) => Some((Ok(Bytes::from(bytes)), st)),
+                Err(e) => Some((Err(st.fail(e.into())), st)),
+            };
         }
     })
+}
+
+/// The limits on one result's size.
+#[derive(Debug, Clone, Copy)]
+pub struct Cap {
+    pub rows: u64,
+    pub bytes: u64,
+}
+
+impl<E: Encoder> BodyState<E> {
+    /// Encodes a batch within the result caps; at a cap, keeps what fits and moves on to
+    /// ending the response as truncated.
+    fn emit(&mut self, batch: &RecordBatch) -> Result<Vec<u8>, arrow::error::ArrowError> {
+        let room = self.cap.rows.saturating_sub(self.log.rows);
+        let batch = if (batch.num_rows() as u64) > room {
+            self.phase = Phase::Truncated(format!(
+                "the result has more than {} rows (--max-result-rows)",
+                self.cap.rows
+            ));
+            batch.slice(0, room as usize)
+        } else {
+            batch.clone()
+        };
+        self.log.rows += batch.num_rows() as u64;
+        let out =
+            if batch.num_rows() > 0 { self.encoder.batch(&batch, &mut self.first_row)? } else { Vec::new() };
+        self.log.bytes += out.len() as u64;
+        if self.log.bytes > self.cap.bytes && !matches!(self.phase, Phase::Truncated(_)) {
+            self.phase = Phase::Truncated(format!(
+                "the result is larger than {} bytes (--max-result-bytes)",
+                self.cap.bytes
+            ));
+        }
+        Ok(out)
+    }
 }
 
 impl<E> BodyState<E> {
@@ -322,6 +341,8 @@ pub struct QueryLog {
     route: &'static str,
     started: Instant,
     pub rows: u64,
+    pub bytes: u64,
+    pub truncated: bool,
     pub sql: Option<String>,
     pub stats: Option<Arc<QueryStats>>,
     done: bool,
@@ -334,6 +355,8 @@ impl QueryLog {
             route,
             started: Instant::now(),
             rows: 0,
+            bytes: 0,
+            truncated: false,
             sql: None,
             stats: None,
             done: false,
@@ -357,12 +380,7 @@ impl QueryLog {
         let snapshots: Vec<String> = stats
             .snapshots()
             .into_iter()
-            .map(|(t, s)| {
-                format!(
-                    "{t}@{}",
-                    s.map(|s| s.to_string()).unwrap_or_else(|| "empty".into())
-                )
-            })
+            .map(|(t, s)| format!("{t}@{}", s.map(|s| s.to_string()).unwrap_or_else(|| "empty".into())))
             .collect();
         tracing::info!(
             target: "skiff::query",
@@ -371,6 +389,9 @@ impl QueryLog {
             outcome,
             duration_ms = self.started.elapsed().as_millis() as u64,
             rows = self.rows,
+            bytes_sent = self.bytes,
+            truncated = self.truncated,
+            files_planned = stats.files_planned(),
             files_scanned = stats.files_scanned(),
             bytes_scanned = stats.bytes_scanned(),
             snapshots = %snapshots.join(","),

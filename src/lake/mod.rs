@@ -35,25 +35,14 @@ pub struct Lake {
 
 impl std::fmt::Debug for Lake {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Lake({} namespaces)",
-            self.listing.read().expect("listing").len()
-        )
+        write!(f, "Lake({} namespaces)", self.listing.read().expect("listing").len())
     }
 }
 
 impl Lake {
     /// Connects the lake and lists its tables once.
-    pub async fn new(
-        catalog: Arc<dyn Catalog>,
-        pinned: PinnedVersions,
-    ) -> Result<Arc<Self>, SkiffError> {
-        let lake = Arc::new(Self {
-            catalog,
-            pinned,
-            listing: RwLock::default(),
-        });
+    pub async fn new(catalog: Arc<dyn Catalog>, pinned: PinnedVersions) -> Result<Arc<Self>, SkiffError> {
+        let lake = Arc::new(Self { catalog, pinned, listing: RwLock::default() });
         lake.refresh().await?;
         Ok(lake)
     }
@@ -61,12 +50,7 @@ impl Lake {
     /// Re-reads every namespace's table list from the catalog.
     pub async fn refresh(&self) -> Result<(), SkiffError> {
         let mut listing = Listing::new();
-        for ns in self
-            .catalog
-            .list_namespaces(None)
-            .await
-            .map_err(catalog_down)?
-        {
+        for ns in self.catalog.list_namespaces(None).await.map_err(catalog_down)? {
             let tables = self.list(&ns).await?;
             listing.insert(ns_name(&ns), tables);
         }
@@ -99,22 +83,12 @@ impl Lake {
     }
 
     pub fn namespaces(&self) -> Vec<String> {
-        self.listing
-            .read()
-            .expect("listing")
-            .keys()
-            .cloned()
-            .collect()
+        self.listing.read().expect("listing").keys().cloned().collect()
     }
 
     /// Physical table count, for the startup line and `GET /`.
     pub fn table_count(&self) -> usize {
-        self.listing
-            .read()
-            .expect("listing")
-            .values()
-            .map(BTreeSet::len)
-            .sum()
+        self.listing.read().expect("listing").values().map(BTreeSet::len).sum()
     }
 
     /// The names SQL can use in a namespace: every physical table, plus each versioned
@@ -155,11 +129,7 @@ impl Lake {
     }
 
     /// Resolves a name SQL used: a versioned base, a physical table, or `<base>_v1`.
-    async fn resolve(
-        &self,
-        ns: &str,
-        name: &str,
-    ) -> Result<Option<Arc<dyn TableProvider>>, SkiffError> {
+    async fn resolve(&self, ns: &str, name: &str) -> Result<Option<Arc<dyn TableProvider>>, SkiffError> {
         let Some(versions) = self.versions_of(ns, name) else {
             return Ok(None);
         };
@@ -192,11 +162,7 @@ impl Lake {
     }
 
     fn exists(&self, ns: &str, name: &str) -> bool {
-        self.listing
-            .read()
-            .expect("listing")
-            .get(ns)
-            .is_some_and(|t| t.contains(name))
+        self.listing.read().expect("listing").get(ns).is_some_and(|t| t.contains(name))
     }
 
     /// What a name means, from the listing and the pinned versions.
@@ -211,9 +177,7 @@ impl Lake {
         }
         let (base, v) = split_version(name);
         if v >= 2 {
-            return physical
-                .contains(name)
-                .then(|| Resolved::Physical(name.to_string()));
+            return physical.contains(name).then(|| Resolved::Physical(name.to_string()));
         }
         let mut versions: Vec<u32> = physical
             .iter()
@@ -256,10 +220,7 @@ fn ns_name(ns: &NamespaceIdent) -> String {
 }
 
 fn catalog_down(e: iceberg::Error) -> SkiffError {
-    SkiffError::Unavailable {
-        dependency: "catalog",
-        message: e.message().to_string(),
-    }
+    SkiffError::Unavailable { dependency: "catalog", message: e.message().to_string() }
 }
 
 pub(crate) fn to_df(e: SkiffError) -> DataFusionError {
@@ -280,10 +241,7 @@ impl CatalogProvider for LakeCatalog {
 
     fn schema(&self, name: &str) -> Option<Arc<dyn SchemaProvider>> {
         // Unknown namespaces still resolve, so that a missing table is reported as such.
-        Some(Arc::new(LakeSchema {
-            lake: self.0.clone(),
-            ns: name.to_string(),
-        }))
+        Some(Arc::new(LakeSchema { lake: self.0.clone(), ns: name.to_string() }))
     }
 }
 

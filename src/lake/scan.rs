@@ -89,18 +89,14 @@ pub async fn scan(
     stats.record_snapshot(table.identifier().to_string(), Some(snapshot.snapshot_id()));
 
     let tasks = plan_files(table, schema, &projected, filters).await?;
-    stats
-        .files_planned
-        .fetch_add(tasks.len() as u64, Ordering::Relaxed);
+    stats.files_planned.fetch_add(tasks.len() as u64, Ordering::Relaxed);
     if tasks.is_empty() {
         return Ok(Arc::new(EmptyExec::new(projected)));
     }
     if tasks.iter().any(|t| !t.deletes.is_empty()) || has_evolved(table) {
         return iceberg_reader_scan(table, projected, tasks, state.config().target_partitions());
     }
-    parquet_scan(
-        table, schema, state, projection, filters, limit, tasks, stats,
-    )
+    parquet_scan(table, schema, state, projection, filters, limit, tasks, stats)
 }
 
 /// Iceberg's planning: prunes manifests, partitions and files by the filters it can take.
@@ -112,32 +108,15 @@ async fn plan_files(
 ) -> DFResult<Vec<FileScanTask>> {
     // iceberg-rust 0.10.1 mis-prunes when a filter casts a column, and fails on f32
     // literals: those filters are left to DataFusion, which applies every filter anyway.
-    let safe: Vec<Expr> = filters
-        .iter()
-        .filter(|f| safe_for_iceberg(f, schema))
-        .cloned()
-        .collect();
-    let names: Vec<String> = projected
-        .fields()
-        .iter()
-        .map(|f| f.name().clone())
-        .collect();
+    let safe: Vec<Expr> = filters.iter().filter(|f| safe_for_iceberg(f, schema)).cloned().collect();
+    let names: Vec<String> = projected.fields().iter().map(|f| f.name().clone()).collect();
     let mut builder = table.scan();
-    builder = if names.is_empty() {
-        builder.select_empty()
-    } else {
-        builder.select(names)
-    };
+    builder = if names.is_empty() { builder.select_empty() } else { builder.select(names) };
     if let Some(p) = convert_filters_to_predicate(&safe) {
         builder = builder.with_filter(p);
     }
     let scan = builder.build().map_err(ext)?;
-    scan.plan_files()
-        .await
-        .map_err(ext)?
-        .try_collect()
-        .await
-        .map_err(ext)
+    scan.plan_files().await.map_err(ext)?.try_collect().await.map_err(ext)
 }
 
 fn safe_for_iceberg(e: &Expr, schema: &SchemaRef) -> bool {
@@ -180,10 +159,7 @@ fn parquet_scan(
 
     let mut options = TableParquetOptions::default();
     options.global = state.config_options().execution.parquet.clone();
-    let factory = Arc::new(FileIoReaderFactory {
-        file_io: table.file_io().clone(),
-        stats,
-    });
+    let factory = Arc::new(FileIoReaderFactory { file_io: table.file_io().clone(), stats });
     let mut source = ParquetSource::new(schema.clone())
         .with_table_parquet_options(options)
         .with_parquet_file_reader_factory(factory);
@@ -208,35 +184,21 @@ fn parquet_scan(
 /// Spreads files over `n` groups by size (largest first onto the lightest group), so every
 /// core gets a similar share of bytes.
 fn split_into_groups(mut tasks: Vec<FileScanTask>, n: usize) -> Vec<FileGroup> {
-    tasks.sort_by(|a, b| {
-        b.length
-            .cmp(&a.length)
-            .then_with(|| a.data_file_path.cmp(&b.data_file_path))
-    });
+    tasks.sort_by(|a, b| b.length.cmp(&a.length).then_with(|| a.data_file_path.cmp(&b.data_file_path)));
     let mut groups: Vec<(u64, Vec<PartitionedFile>)> =
         (0..n.min(tasks.len())).map(|_| (0, Vec::new())).collect();
     for t in tasks {
-        let g = groups
-            .iter_mut()
-            .min_by_key(|(bytes, _)| *bytes)
-            .expect("at least one group");
+        let g = groups.iter_mut().min_by_key(|(bytes, _)| *bytes).expect("at least one group");
         g.0 += t.length;
         g.1.push(partitioned_file(&t));
     }
-    groups
-        .into_iter()
-        .map(|(_, files)| FileGroup::new(files))
-        .collect()
+    groups.into_iter().map(|(_, files)| FileGroup::new(files)).collect()
 }
 
 /// A planned file for DataFusion. Its object-store path is only a label: the reader
 /// factory opens the real Iceberg location kept in `extensions`.
 fn partitioned_file(t: &FileScanTask) -> PartitionedFile {
-    let label = t
-        .data_file_path
-        .split_once("://")
-        .map(|(_, p)| p)
-        .unwrap_or(&t.data_file_path);
+    let label = t.data_file_path.split_once("://").map(|(_, p)| p).unwrap_or(&t.data_file_path);
     let mut f = if t.start == 0 && t.length == t.file_size_in_bytes {
         PartitionedFile::new(label.to_string(), t.file_size_in_bytes)
     } else {
@@ -316,11 +278,7 @@ impl AsyncFileReader for CountingReader {
         async move {
             self.count(1, range.end - range.start);
             let location = self.location.clone();
-            self.reader()
-                .await?
-                .get_bytes(range)
-                .await
-                .map_err(|e| in_file(e, &location))
+            self.reader().await?.get_bytes(range).await.map_err(|e| in_file(e, &location))
         }
         .boxed()
     }
@@ -333,11 +291,7 @@ impl AsyncFileReader for CountingReader {
             let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
             self.count(ranges.len() as u64, bytes);
             let location = self.location.clone();
-            self.reader()
-                .await?
-                .get_byte_ranges(ranges)
-                .await
-                .map_err(|e| in_file(e, &location))
+            self.reader().await?.get_byte_ranges(ranges).await.map_err(|e| in_file(e, &location))
         }
         .boxed()
     }
@@ -349,32 +303,28 @@ impl AsyncFileReader for CountingReader {
         async move {
             self.count(1, 0);
             let location = self.location.clone();
-            self.reader()
-                .await?
-                .get_metadata(options)
-                .await
-                .map_err(|e| in_file(e, &location))
+            self.reader().await?.get_metadata(options).await.map_err(|e| in_file(e, &location))
         }
         .boxed()
     }
 }
 
-/// Parquet errors name no file; a corrupt or missing file must be named.
+/// Parquet errors name no file; a corrupt or missing file must be named. Storage errors
+/// stay Iceberg errors (they are outages); anything else is the file's own fault.
 fn in_file(e: parquet::errors::ParquetError, location: &str) -> parquet::errors::ParquetError {
-    let msg = e.to_string();
-    if msg.contains(location) {
-        return e;
+    use parquet::errors::ParquetError;
+    match e {
+        ParquetError::External(inner) => match inner.downcast::<iceberg::Error>() {
+            Ok(ie) => ParquetError::External(Box::new(with_file(*ie, location))),
+            Err(other) => ParquetError::External(format!("{location}: {other}").into()),
+        },
+        other => ParquetError::External(format!("{location}: {other}").into()),
     }
-    parquet::errors::ParquetError::External(format!("{location}: {msg}").into())
 }
 
 fn with_file(e: iceberg::Error, location: &str) -> iceberg::Error {
     let msg = e.to_string();
-    if msg.contains(location) {
-        e
-    } else {
-        e.with_context("file", location)
-    }
+    if msg.contains(location) { e } else { e.with_context("file", location) }
 }
 
 /// Files with delete files (or tables whose schema evolved) go through Iceberg's reader,
@@ -393,21 +343,11 @@ fn iceberg_reader_scan(
     let streams: Vec<Arc<dyn PartitionStream>> = chunks
         .into_iter()
         .map(|tasks| {
-            Arc::new(IcebergPartition {
-                table: table.clone(),
-                schema: projected.clone(),
-                tasks,
-            }) as Arc<dyn PartitionStream>
+            Arc::new(IcebergPartition { table: table.clone(), schema: projected.clone(), tasks })
+                as Arc<dyn PartitionStream>
         })
         .collect();
-    Ok(Arc::new(StreamingTableExec::try_new(
-        projected,
-        streams,
-        None,
-        vec![],
-        false,
-        None,
-    )?))
+    Ok(Arc::new(StreamingTableExec::try_new(projected, streams, None, vec![], false, None)?))
 }
 
 #[derive(Debug)]
@@ -429,12 +369,7 @@ impl PartitionStream for IcebergPartition {
         let out = schema.clone();
         let stream = futures::stream::once(async move {
             let tasks = futures::stream::iter(tasks.into_iter().map(Ok)).boxed();
-            table
-                .reader_builder()
-                .build()
-                .read(tasks)
-                .map(|r| r.stream().map_err(ext))
-                .map_err(ext)
+            table.reader_builder().build().read(tasks).map(|r| r.stream().map_err(ext)).map_err(ext)
         })
         .try_flatten()
         .map(move |batch| {
@@ -442,11 +377,7 @@ impl PartitionStream for IcebergPartition {
             // Iceberg's batches carry field-id metadata; re-label them with skiff's schema.
             if out.fields().is_empty() {
                 let opts = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-                return Ok(RecordBatch::try_new_with_options(
-                    out.clone(),
-                    vec![],
-                    &opts,
-                )?);
+                return Ok(RecordBatch::try_new_with_options(out.clone(), vec![], &opts)?);
             }
             Ok(RecordBatch::try_new(out.clone(), batch.columns().to_vec())?)
         });

@@ -49,10 +49,7 @@ impl TableProvider for PhysicalTable {
         TableType::Base
     }
 
-    fn supports_filters_pushdown(
-        &self,
-        filters: &[&Expr],
-    ) -> DFResult<Vec<TableProviderFilterPushDown>> {
+    fn supports_filters_pushdown(&self, filters: &[&Expr]) -> DFResult<Vec<TableProviderFilterPushDown>> {
         Ok(scan::pushdown(filters))
     }
 
@@ -78,14 +75,9 @@ pub struct VersionedTable {
 
 impl VersionedTable {
     pub fn try_new(tables: Vec<Table>) -> Result<Self, SkiffError> {
-        let versions = tables
-            .into_iter()
-            .map(PhysicalTable::try_new)
-            .collect::<Result<Vec<_>, _>>()?;
-        let named: Vec<_> = versions
-            .iter()
-            .map(|v| (v.table.identifier().to_string(), v.schema.clone()))
-            .collect();
+        let versions = tables.into_iter().map(PhysicalTable::try_new).collect::<Result<Vec<_>, _>>()?;
+        let named: Vec<_> =
+            versions.iter().map(|v| (v.table.identifier().to_string(), v.schema.clone())).collect();
         let schema = union_schema(&named).map_err(SkiffError::InvalidQuery)?;
         Ok(Self { versions, schema })
     }
@@ -100,10 +92,8 @@ impl VersionedTable {
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
         let vs = &version.schema;
         // The version's own columns among those wanted, in the order its scan returns them.
-        let own: Vec<usize> = columns
-            .iter()
-            .filter_map(|&i| vs.index_of(self.schema.field(i).name()).ok())
-            .collect();
+        let own: Vec<usize> =
+            columns.iter().filter_map(|&i| vs.index_of(self.schema.field(i).name()).ok()).collect();
         // A filter goes down only if the version has all its columns with the union's type.
         let pushed: Vec<Expr> = filters
             .iter()
@@ -153,10 +143,7 @@ impl TableProvider for VersionedTable {
         TableType::Base
     }
 
-    fn supports_filters_pushdown(
-        &self,
-        filters: &[&Expr],
-    ) -> DFResult<Vec<TableProviderFilterPushDown>> {
+    fn supports_filters_pushdown(&self, filters: &[&Expr]) -> DFResult<Vec<TableProviderFilterPushDown>> {
         Ok(scan::pushdown(filters))
     }
 
@@ -173,10 +160,7 @@ impl TableProvider for VersionedTable {
         };
         let mut branches = Vec::with_capacity(self.versions.len());
         for v in &self.versions {
-            branches.push(
-                self.scan_version(v, state, &columns, filters, limit)
-                    .await?,
-            );
+            branches.push(self.scan_version(v, state, &columns, filters, limit).await?);
         }
         UnionExec::try_new(branches)
     }

@@ -12,11 +12,7 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 /// `events` → (`events`, 1). `_v0` and `_v1` suffixes are not versions of another table.
 pub fn split_version(name: &str) -> (&str, u32) {
     if let Some((base, v)) = name.rsplit_once("_v") {
-        if !base.is_empty()
-            && !v.is_empty()
-            && v.bytes().all(|b| b.is_ascii_digit())
-            && !v.starts_with('0')
-        {
+        if !base.is_empty() && !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) && !v.starts_with('0') {
             if let Ok(n) = v.parse::<u32>() {
                 if n >= 2 {
                     return (base, n);
@@ -29,11 +25,7 @@ pub fn split_version(name: &str) -> (&str, u32) {
 
 /// The physical table name of version `v` of `base`.
 pub fn version_name(base: &str, v: u32) -> String {
-    if v == 1 {
-        base.to_string()
-    } else {
-        format!("{base}_v{v}")
-    }
+    if v == 1 { base.to_string() } else { format!("{base}_v{v}") }
 }
 
 /// `LAKE_VERSIONS`: the versions to read per base name, as the Worker lists them
@@ -54,9 +46,7 @@ impl PinnedVersions {
             }
             let mut versions = Vec::new();
             for v in list.split(',').map(str::trim).filter(|v| !v.is_empty()) {
-                let n: u32 = v
-                    .parse()
-                    .map_err(|_| format!("version {v:?} of {base} is not a number"))?;
+                let n: u32 = v.parse().map_err(|_| format!("version {v:?} of {base} is not a number"))?;
                 if n == 0 {
                     return Err(format!("versions start at 1 (got 0 for {base})"));
                 }
@@ -106,9 +96,7 @@ pub fn union_schema(versions: &[(String, SchemaRef)]) -> Result<SchemaRef, Strin
     let out: Vec<Field> = fields
         .into_iter()
         .map(|(f, _)| {
-            let everywhere = versions
-                .iter()
-                .all(|(_, s)| s.field_with_name(f.name()).is_ok());
+            let everywhere = versions.iter().all(|(_, s)| s.field_with_name(f.name()).is_ok());
             if everywhere { f } else { f.with_nullable(true) }
         })
         .collect();
@@ -152,10 +140,7 @@ mod tests {
         assert!(PinnedVersions::parse("events").is_err());
         assert!(PinnedVersions::parse("events=x").is_err());
         assert!(PinnedVersions::parse("events=0").is_err());
-        assert_eq!(
-            PinnedVersions::parse("").unwrap(),
-            PinnedVersions::default()
-        );
+        assert_eq!(PinnedVersions::parse("").unwrap(), PinnedVersions::default());
     }
 
     fn s(fields: Vec<Field>) -> SchemaRef {
@@ -164,35 +149,22 @@ mod tests {
 
     #[test]
     fn union_by_name() {
-        let v1 = s(vec![
-            Field::new("a", DataType::Int32, false),
-            Field::new("b", DataType::Utf8, true),
-        ]);
+        let v1 = s(vec![Field::new("a", DataType::Int32, false), Field::new("b", DataType::Utf8, true)]);
         let v2 = s(vec![
             Field::new("a", DataType::Int64, false),
             Field::new("c", DataType::Float64, false),
             Field::new("b", DataType::Utf8, true),
         ]);
         let u = union_schema(&[("t".into(), v1), ("t_v2".into(), v2)]).unwrap();
-        let got: Vec<_> = u
-            .fields()
-            .iter()
-            .map(|f| (f.name().as_str(), f.data_type().clone(), f.is_nullable()))
-            .collect();
+        let got: Vec<_> =
+            u.fields().iter().map(|f| (f.name().as_str(), f.data_type().clone(), f.is_nullable())).collect();
         assert_eq!(
             got,
-            vec![
-                ("a", DataType::Int64, false),
-                ("b", DataType::Utf8, true),
-                ("c", DataType::Float64, true)
-            ]
+            vec![("a", DataType::Int64, false), ("b", DataType::Utf8, true), ("c", DataType::Float64, true)]
         );
         let bad = union_schema(&[
             ("t".into(), s(vec![Field::new("a", DataType::Int64, true)])),
-            (
-                "t_v2".into(),
-                s(vec![Field::new("a", DataType::Utf8, true)]),
-            ),
+            ("t_v2".into(), s(vec![Field::new("a", DataType::Utf8, true)])),
         ]);
         let msg = bad.unwrap_err();
         assert!(msg.contains("column a") && msg.contains("t_v2"), "{msg}");

@@ -17,9 +17,7 @@ pub fn repo() -> PathBuf {
 
 /// `../shared`, or `SKIFF_SHARED_DIR`.
 pub fn shared() -> PathBuf {
-    std::env::var_os("SKIFF_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join("../shared"))
+    std::env::var_os("SKIFF_SHARED_DIR").map(PathBuf::from).unwrap_or_else(|| repo().join("../shared"))
 }
 
 /// The virtualenv's Python (PyIceberg, DuckDB, moto), or `SKIFF_TEST_PYTHON`.
@@ -27,11 +25,7 @@ pub fn python() -> PathBuf {
     let p = std::env::var_os("SKIFF_TEST_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo().join(".venv/bin/python"));
-    assert!(
-        p.exists(),
-        "{} is missing: run ./scripts/test, which creates the virtualenv",
-        p.display()
-    );
+    assert!(p.exists(), "{} is missing: run ./scripts/test, which creates the virtualenv", p.display());
     p
 }
 
@@ -40,17 +34,12 @@ pub fn skiff_bin() -> &'static str {
 }
 
 pub fn tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("skiff-test-")
-        .tempdir()
-        .expect("tempdir")
+    tempfile::Builder::new().prefix("skiff-test-").tempdir().expect("tempdir")
 }
 
 /// Runs a command to success, returning its stdout.
 pub fn run(cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    let out = cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
     assert!(
         out.status.success(),
         "{cmd:?} failed: {}\nstdout: {}\nstderr: {}",
@@ -63,41 +52,29 @@ pub fn run(cmd: &mut Command) -> String {
 
 /// A lake written by `skiff demo`.
 pub fn demo_lake(dir: &Path, events: u64) {
-    run(Command::new(skiff_bin())
-        .args(["demo", "--out"])
-        .arg(dir)
-        .args(["--events", &events.to_string()]));
+    run(Command::new(skiff_bin()).args(["demo", "--out"]).arg(dir).args(["--events", &events.to_string()]));
 }
 
 /// A lake written by PyIceberg through `gen_lake.py` (90 days from 2026-08-01, the last 30
 /// in `glass.events_v2`).
 pub fn py_lake(dir: &Path, events: u64) {
-    run(Command::new(python())
-        .arg(shared().join("bench/gen_lake.py"))
-        .arg("--out")
-        .arg(dir)
-        .args(["--events", &events.to_string(), "--small-hours", "1"]));
+    run(Command::new(python()).arg(shared().join("bench/gen_lake.py")).arg("--out").arg(dir).args([
+        "--events",
+        &events.to_string(),
+        "--small-hours",
+        "1",
+    ]));
 }
 
 /// Runs a fixture script from `tests/fixtures`, returning its last stdout line as JSON.
 pub fn fixture(script: &str, args: &[&str]) -> serde_json::Value {
-    let out = run(Command::new(python())
-        .arg(repo().join("tests/fixtures").join(script))
-        .args(args));
-    let last = out
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("null");
+    let out = run(Command::new(python()).arg(repo().join("tests/fixtures").join(script)).args(args));
+    let last = out.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("null");
     serde_json::from_str(last).unwrap_or_else(|e| panic!("fixture {script} printed {out:?}: {e}"))
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A running `skiff serve`, killed on drop. Its log goes to a file the test can read.
@@ -118,22 +95,14 @@ pub struct Opts<'a> {
 
 impl Default for Opts<'_> {
     fn default() -> Self {
-        Self {
-            args: vec![],
-            env: vec![],
-            token: Some(TOKEN),
-            cwd: None,
-        }
+        Self { args: vec![], env: vec![], token: Some(TOKEN), cwd: None }
     }
 }
 
 impl Server {
     /// Serves a lake folder (`catalog.db` + `warehouse/`) with the test token.
     pub fn lake(dir: &Path) -> Server {
-        Self::start(Opts {
-            args: lake_args(dir),
-            ..Default::default()
-        })
+        Self::start(Opts { args: lake_args(dir), ..Default::default() })
     }
 
     pub fn start(opts: Opts) -> Server {
@@ -141,13 +110,8 @@ impl Server {
         let logdir = tempdir();
         let log = logdir.path().join("skiff.log");
         let mut cmd = Command::new(skiff_bin());
-        cmd.arg("serve")
-            .arg("--http-addr")
-            .arg(format!("127.0.0.1:{port}"))
-            .args(&opts.args);
-        cmd.env_remove("API_TOKEN")
-            .env_remove("SKIFF_API_TOKEN")
-            .env_remove("LAKE_VERSIONS");
+        cmd.arg("serve").arg("--http-addr").arg(format!("127.0.0.1:{port}")).args(&opts.args);
+        cmd.env_remove("API_TOKEN").env_remove("SKIFF_API_TOKEN").env_remove("LAKE_VERSIONS");
         cmd.env("RUST_LOG", "info");
         if let Some(t) = opts.token {
             cmd.env("API_TOKEN", t);
@@ -158,8 +122,7 @@ impl Server {
         if let Some(d) = opts.cwd {
             cmd.current_dir(d);
         }
-        cmd.stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
+        cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
         let child = cmd.spawn().expect("spawn skiff");
         let mut server = Server {
             child,
@@ -177,10 +140,7 @@ impl Server {
         let client = reqwest::blocking::Client::new();
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "skiff exited with {status} before it was ready:\n{}",
-                    self.log_text()
-                );
+                panic!("skiff exited with {status} before it was ready:\n{}", self.log_text());
             }
             if let Ok(r) = client.get(format!("{}/_health", self.base)).send() {
                 if r.status().is_success() {
@@ -200,11 +160,7 @@ impl Server {
         s
     }
 
-    pub fn post(
-        &self,
-        path: &str,
-        body: impl Into<reqwest::blocking::Body>,
-    ) -> reqwest::blocking::Response {
+    pub fn post(&self, path: &str, body: impl Into<reqwest::blocking::Body>) -> reqwest::blocking::Response {
         let mut req = client()
             .post(format!("{}{path}", self.base))
             .header("content-type", "application/json")
@@ -237,28 +193,19 @@ impl Server {
         assert_eq!(got, status, "{sql}: {v}");
         (
             v["error"]["code"].as_str().expect("error code").to_string(),
-            v["error"]["message"]
-                .as_str()
-                .expect("error message")
-                .to_string(),
+            v["error"]["message"].as_str().expect("error message").to_string(),
         )
     }
 
     /// Sends SIGTERM and waits for the process to exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(Some(s)) = self.child.try_wait() {
                 return s;
             }
-            assert!(
-                Instant::now() < deadline,
-                "skiff did not exit after SIGTERM"
-            );
+            assert!(Instant::now() < deadline, "skiff did not exit after SIGTERM");
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -272,10 +219,7 @@ impl Drop for Server {
 }
 
 pub fn client() -> reqwest::blocking::Client {
-    reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(300))
-        .build()
-        .unwrap()
+    reqwest::blocking::Client::builder().timeout(Duration::from_secs(300)).build().unwrap()
 }
 
 /// `serve` flags for a lake folder.
@@ -295,10 +239,7 @@ pub fn eventually<T>(secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
         if let Some(v) = f() {
             return v;
         }
-        assert!(
-            Instant::now() < deadline,
-            "condition not met within {secs}s"
-        );
+        assert!(Instant::now() < deadline, "condition not met within {secs}s");
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -322,9 +263,7 @@ impl FixtureServer {
             .unwrap_or_else(|e| panic!("starting {script}: {e}"));
         let stdout = child.stdout.take().unwrap();
         let mut line = String::new();
-        std::io::BufReader::new(stdout)
-            .read_line(&mut line)
-            .unwrap();
+        std::io::BufReader::new(stdout).read_line(&mut line).unwrap();
         let port = line
             .trim()
             .strip_prefix("READY ")
@@ -339,10 +278,7 @@ impl FixtureServer {
 
     /// Stops the server (SIGTERM), as an outage would.
     pub fn stop(&mut self) {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
         let _ = self.child.wait();
     }
 }

@@ -1,0 +1,140 @@
+//! What keeps one query, or many, from taking the server down: admission (at most N
+//! running, M waiting, each waiting at most T), a deadline over the whole life of a query,
+//! and the memory pool's size.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arrow::datatypes::SchemaRef;
+use arrow::record_batch::RecordBatch;
+use datafusion::error::{DataFusionError, Result as DFResult};
+use datafusion::physical_plan::{RecordBatchStream, SendableRecordBatchStream};
+use futures::{FutureExt, Stream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+
+use crate::error::SkiffError;
+
+/// Concurrency admission: a query runs with a permit; without one it waits in a bounded
+/// queue for a bounded time, else it is turned away (429) so clients back off.
+pub struct Admission {
+    permits: Arc<Semaphore>,
+    max_running: usize,
+    waiting: AtomicUsize,
+    max_waiting: usize,
+    max_wait: Duration,
+}
+
+impl Admission {
+    pub fn new(max_running: usize, max_waiting: usize, max_wait: Duration) -> Self {
+        let max_running = max_running.max(1);
+        Self {
+            permits: Arc::new(Semaphore::new(max_running)),
+            max_running,
+            waiting: AtomicUsize::new(0),
+            max_waiting,
+            max_wait,
+        }
+    }
+
+    /// Waits for a permit until `deadline` or the queue timeout, whichever comes first.
+    pub async fn admit(&self, deadline: Instant) -> Result<OwnedSemaphorePermit, SkiffError> {
+        if let Ok(p) = self.permits.clone().try_acquire_owned() {
+            return Ok(p);
+        }
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_waiting {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(SkiffError::Overloaded(format!(
+                "too many queries: {} running and {} waiting",
+                self.running(),
+                self.max_waiting
+            )));
+        }
+        let until = deadline.min(Instant::now() + self.max_wait);
+        let got = tokio::time::timeout_at(until, self.permits.clone().acquire_owned()).await;
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        match got {
+            Ok(Ok(p)) => Ok(p),
+            _ if Instant::now() >= deadline => Err(SkiffError::Timeout),
+            _ => Err(SkiffError::Overloaded(format!("no query slot became free within {:?}", self.max_wait))),
+        }
+    }
+
+    pub fn running(&self) -> usize {
+        self.max_running - self.permits.available_permits()
+    }
+}
+
+/// A result stream that holds its query's permit until it ends, and fails with
+/// [`SkiffError::Timeout`] at the deadline, dropping (so cancelling) the query.
+pub struct Bounded {
+    inner: Option<SendableRecordBatchStream>,
+    schema: SchemaRef,
+    deadline: Pin<Box<Sleep>>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Bounded {
+    pub fn new(inner: SendableRecordBatchStream, deadline: Instant, permit: OwnedSemaphorePermit) -> Self {
+        let schema = inner.schema();
+        Self {
+            inner: Some(inner),
+            schema,
+            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            _permit: permit,
+        }
+    }
+}
+
+impl Stream for Bounded {
+    type Item = DFResult<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let Some(inner) = self.inner.as_mut() else { return Poll::Ready(None) };
+        if let Poll::Ready(item) = inner.as_mut().poll_next(cx) {
+            if item.is_none() {
+                self.inner = None;
+            }
+            return Poll::Ready(item);
+        }
+        if self.deadline.poll_unpin(cx).is_ready() {
+            self.inner = None;
+            return Poll::Ready(Some(Err(DataFusionError::External(Box::new(SkiffError::Timeout)))));
+        }
+        Poll::Pending
+    }
+}
+
+impl RecordBatchStream for Bounded {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+}
+
+/// The memory pool's size when none is configured: 60% of what this process may use (the
+/// cgroup limit in a container, else physical memory), leaving room for caches and the
+/// allocator, so a heavy query spills or fails instead of the container being OOM-killed.
+pub fn default_memory_limit() -> usize {
+    let physical = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<usize>().ok())
+        })
+        .map(|kb| kb * 1024);
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok());
+    let total = match (physical, cgroup) {
+        (Some(p), Some(c)) => p.min(c),
+        (Some(p), None) => p,
+        (None, Some(c)) => c,
+        (None, None) => 4 << 30,
+    };
+    total / 10 * 6
+}
