@@ -23,10 +23,11 @@ impl RestLake {
     }
 
     fn catalog_args(&self, port: u16) -> Vec<String> {
-        let mut a: Vec<String> = ["--port", &port.to_string(), "--db", &self.db(), "--warehouse", "s3://lakebucket/wh"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut a: Vec<String> =
+            ["--port", &port.to_string(), "--db", &self.db(), "--warehouse", "s3://lakebucket/wh"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
         a.extend(["--token".into(), CATALOG_TOKEN.into(), "--s3-endpoint".into(), self.s3.url()]);
         a
     }
@@ -182,8 +183,15 @@ fn catalog_and_storage_outages_are_503_and_skiff_recovers() {
 
     // It comes back on the same address: skiff serves again without a restart.
     let args = lake.catalog_args(port);
-    lake.catalog = FixtureServer::start("rest_catalog.py", &args.iter().map(String::as_str).collect::<Vec<_>>());
-    assert_eq!(eventually(20, || { let (st, v) = s.query(sql); (st == 200).then(|| v[0]["n"].clone()) }), n);
+    lake.catalog =
+        FixtureServer::start("rest_catalog.py", &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(
+        eventually(20, || {
+            let (st, v) = s.query(sql);
+            (st == 200).then(|| v[0]["n"].clone())
+        }),
+        n
+    );
 
     // The object store goes away: 503 naming the dependency that failed (this catalog keeps
     // its metadata on the same store, so loading the table is what fails first).
@@ -205,12 +213,18 @@ fn a_sql_catalog_on_s3_with_static_credentials() {
     let expected = counts(&lake);
     let s = Server::start(Opts {
         args: [
-            "--catalog-uri", &format!("sqlite://{}", lake.db()),
-            "--warehouse", "s3://lakebucket/wh",
-            "--s3-endpoint", &lake.s3.url(),
-            "--s3-region", "us-east-1",
-            "--s3-access-key-id", "testing",
-            "--s3-secret-access-key", "testing",
+            "--catalog-uri",
+            &format!("sqlite://{}", lake.db()),
+            "--warehouse",
+            "s3://lakebucket/wh",
+            "--s3-endpoint",
+            &lake.s3.url(),
+            "--s3-region",
+            "us-east-1",
+            "--s3-access-key-id",
+            "testing",
+            "--s3-secret-access-key",
+            "testing",
             "--s3-path-style",
         ]
         .iter()

@@ -1,0 +1,254 @@
+//! The Basin SQL-compatible route: Basin's paths, envelope, type names, error codes and
+//! statuses, and its dialect, without its limits.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::OnceLock;
+
+use common::*;
+use serde_json::{Value, json};
+
+const ROUTE: &str = "/api/v1/accounts/0123abcd/basin-sql/query/my-bucket";
+const LEGACY: &str = "/api/v1/accounts/0123abcd/r2-sql/query/my-bucket";
+
+fn server() -> &'static Server {
+    static S: OnceLock<(tempfile::TempDir, Server)> = OnceLock::new();
+    &S.get_or_init(|| {
+        let dir = tempdir();
+        demo_lake(dir.path(), 20_000);
+        let s = Server::lake(dir.path());
+        (dir, s)
+    })
+    .1
+}
+
+/// Status and envelope of one Basin call.
+fn basin(path: &str, sql: &str) -> (u16, Value) {
+    let body = json!({"query": sql, "warehouse": "0123abcd_my-bucket"}).to_string();
+    let r = server().post(path, body);
+    (r.status().as_u16(), r.json().expect("a JSON envelope"))
+}
+
+fn ok(sql: &str) -> Value {
+    let (status, v) = basin(ROUTE, sql);
+    assert_eq!(status, 200, "{sql}: {v}");
+    assert_eq!(v["success"], true, "{v}");
+    assert_eq!(v["errors"], json!([]));
+    v["result"].clone()
+}
+
+fn rows(sql: &str) -> Vec<Value> {
+    ok(sql)["rows"].as_array().unwrap().clone()
+}
+
+fn fails(sql: &str, status: u16, code: u64) -> String {
+    let (got, v) = basin(ROUTE, sql);
+    assert_eq!(
+        (got, v["success"].clone(), v["result"].clone()),
+        (status, json!(false), Value::Null),
+        "{sql}: {v}"
+    );
+    assert_eq!(v["errors"][0]["code"], code, "{sql}: {v}");
+    v["errors"][0]["message"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn the_envelope_is_basins() {
+    let (status, v) =
+        basin(ROUTE, "SELECT event, count(*) AS n FROM glass.events GROUP BY event ORDER BY n DESC LIMIT 2");
+    assert_eq!(status, 200);
+    let keys: HashSet<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys, HashSet::from(["success", "errors", "messages", "result"]));
+    let result = &v["result"];
+    assert!(result["request_id"].as_str().is_some_and(|id| !id.is_empty()));
+    assert_eq!(result["schema"], json!([{"name": "event", "type": "Utf8"}, {"name": "n", "type": "Int64"}]));
+    assert_eq!(result["rows"].as_array().unwrap().len(), 2);
+    assert_eq!(result["rows"][0]["event"], "$pageview");
+    for m in ["r2_requests_count", "files_scanned", "bytes_scanned"] {
+        assert!(result["metrics"][m].as_u64().is_some(), "{m}: {result}");
+    }
+    assert!(result["metrics"]["files_scanned"].as_u64().unwrap() > 0);
+    // The legacy path answers the same.
+    let (status, legacy) =
+        basin(LEGACY, "SELECT event, count(*) AS n FROM glass.events GROUP BY event ORDER BY n DESC LIMIT 2");
+    assert_eq!(status, 200);
+    assert_eq!(legacy["result"]["rows"], v["result"]["rows"]);
+}
+
+#[test]
+fn request_ids_are_unique_and_logged() {
+    let a = ok("SELECT 1 AS x")["request_id"].as_str().unwrap().to_string();
+    let b = ok("SELECT 1 AS x")["request_id"].as_str().unwrap().to_string();
+    assert_ne!(a, b);
+    let line = eventually(10, || server().log_text().lines().find(|l| l.contains(&b)).map(String::from));
+    assert!(line.contains("route=\"basin\"") || line.contains("route=basin"), "{line}");
+}
+
+#[test]
+fn empty_results_have_an_empty_schema() {
+    let r = ok("SELECT event FROM glass.events WHERE event = 'no such event'");
+    assert_eq!(r["schema"], json!([]));
+    assert_eq!(r["rows"], json!([]));
+}
+
+#[test]
+fn types_are_named_as_basin_names_them() {
+    let r = ok("SELECT CAST(1 AS TINYINT) AS i8, CAST(1 AS INT) AS i32, CAST(1 AS BIGINT) AS i64, \
+                CAST(1 AS INT UNSIGNED) AS u32, CAST(1.5 AS FLOAT) AS f32, CAST(1.5 AS DOUBLE) AS f64, \
+                CAST(1.25 AS DECIMAL(10, 2)) AS dec, 'a' AS s, arrow_cast('a', 'LargeUtf8') AS ls, \
+                true AS b, DATE '2026-01-02' AS d, X'00ff' AS bin, \
+                arrow_cast(TIMESTAMP '2025-10-10 18:29:21', 'Timestamp(Microsecond, None)') AS ts, \
+                arrow_cast(TIMESTAMP '2025-10-10 18:29:21', 'Timestamp(Microsecond, Some(\"UTC\"))') AS tsz, \
+                arrow_cast(0, 'Time64(Microsecond)') AS t, [1, 2] AS l, named_struct('a', 1) AS st, \
+                map(['k'], [1]) AS m, NULL AS n");
+    let types: Vec<(String, Value)> = r["schema"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["name"].as_str().unwrap().to_string(), f.get("type").cloned().unwrap_or(Value::Null)))
+        .collect();
+    let expected = [
+        ("i8", "Int8"),
+        ("i32", "Int32"),
+        ("i64", "Int64"),
+        ("u32", "UInt32"),
+        ("f32", "Float32"),
+        ("f64", "Float64"),
+        ("dec", "Decimal128(10, 2)"),
+        ("s", "Utf8"),
+        ("ls", "LargeUtf8"),
+        ("b", "Boolean"),
+        ("d", "Date32"),
+        ("bin", "Binary"),
+        ("ts", "Timestamp(Microsecond, None)"),
+        ("tsz", "Timestamp(Microsecond, Some(\"UTC\"))"),
+        ("t", "Time64(Microsecond)"),
+        ("n", "Null"),
+    ];
+    for (name, ty) in expected {
+        let got = types.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} missing"));
+        assert_eq!(got.1, json!(ty), "{name}");
+    }
+    // Nested types carry a descriptor instead of a type.
+    let schema = r["schema"].as_array().unwrap();
+    let l = schema.iter().find(|f| f["name"] == "l").unwrap();
+    assert_eq!(l["descriptor"]["type"]["name"], "list");
+    assert_eq!(l["descriptor"]["type"]["item"]["type"]["name"], "Int64");
+    let st = schema.iter().find(|f| f["name"] == "st").unwrap();
+    assert_eq!(st["descriptor"]["type"]["name"], "struct");
+    let m = schema.iter().find(|f| f["name"] == "m").unwrap();
+    assert_eq!(m["descriptor"]["type"]["name"], "map");
+    let row = &r["rows"][0];
+    assert_eq!(row["ts"], "2025-10-10T18:29:21.000000Z");
+    assert_eq!(row["tsz"], "2025-10-10T18:29:21.000000Z");
+    assert_eq!(row["l"], json!([1, 2]));
+    assert_eq!(row["st"], json!({"a": 1}));
+    assert_eq!(row["m"], json!({"k": 1}));
+    assert_eq!(row["bin"], "AP8=");
+    assert_eq!(row["n"], Value::Null);
+}
+
+#[test]
+fn errors_carry_basins_codes_and_statuses() {
+    fails("SELEC 1", 400, 40003);
+    let m = fails("SELECT nope FROM glass.events", 400, 40004);
+    assert!(m.contains("nope"), "{m}");
+    fails("SELECT no_such_fn(1)", 400, 40004);
+    fails("SELECT 'a' + 1", 400, 40004);
+    fails("DROP TABLE glass.events", 400, 40004);
+    let m = fails("SELECT * FROM glass.missing", 400, 40010);
+    assert!(m.contains("glass.missing"), "{m}");
+    // Auth: missing token 401, wrong token 403, both in the envelope.
+    let body = json!({"query": "SELECT 1"}).to_string();
+    let r = client().post(format!("{}{ROUTE}", server().base)).body(body.clone()).send().unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.json::<Value>().unwrap()["success"], false);
+    let r =
+        client().post(format!("{}{ROUTE}", server().base)).bearer_auth("wrong").body(body).send().unwrap();
+    assert_eq!(r.status(), 403);
+    let v: Value = r.json().unwrap();
+    assert_eq!(v["success"], false);
+    assert!(!v.to_string().contains(TOKEN));
+    // Malformed bodies.
+    let r = server().post(ROUTE, "{not json");
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.json::<Value>().unwrap()["errors"][0]["code"], 40004);
+}
+
+#[test]
+fn every_statement_kind_basin_accepts_runs() {
+    let cases = [
+        "WITH a AS (SELECT event FROM glass.events) SELECT count(*) FROM a",
+        "SELECT e.event, count(*) FROM glass.events e JOIN glass.identities i ON i.device_id = e.device_id GROUP BY 1",
+        "SELECT e.event FROM glass.events e LEFT JOIN glass.identities i ON i.device_id = e.device_id WHERE i.device_id IS NULL LIMIT 3",
+        "SELECT count(*) FROM glass.events WHERE device_id IN (SELECT device_id FROM glass.identities)",
+        "SELECT event, row_number() OVER (PARTITION BY event ORDER BY timestamp) AS rn FROM glass.events LIMIT 5",
+        "SELECT event, timestamp FROM glass.events QUALIFY row_number() OVER (PARTITION BY event ORDER BY timestamp DESC) = 1",
+        "SELECT DISTINCT ON (event) event, timestamp FROM glass.events ORDER BY event, timestamp DESC",
+        "SELECT event, country, count(*) FROM glass.events GROUP BY GROUPING SETS ((event), (country), ())",
+        "SELECT event, country, count(*) FROM glass.events GROUP BY ROLLUP (event, country)",
+        "SELECT event, country, count(*) FROM glass.events GROUP BY CUBE (event, country)",
+        "SELECT event FROM glass.events UNION SELECT 'x' INTERSECT SELECT 'x' EXCEPT SELECT 'y'",
+        "SELECT approx_distinct(device_id), approx_median(json_get_float(props, 'amount')), \
+                approx_percentile_cont(json_get_float(props, 'amount'), 0.9) FROM glass.events",
+        "SELECT json_get(props, 'amount'), json_get_str(props, 'plan'), json_get_int(props, 'items'), \
+                json_get_float(props, 'amount'), json_get_bool('{\"b\": true}', 'b'), json_get_json(props, 'plan'), \
+                json_get_array('{\"a\": [1]}', 'a'), json_as_text(props, 'plan'), json_contains(props, 'plan'), \
+                json_length(props) FROM glass.events WHERE event = 'purchase' LIMIT 1",
+        "SELECT date_trunc('hour', timestamp), date_bin(INTERVAL '15 minutes', timestamp), date_part('dow', timestamp), \
+                to_timestamp('2026-10-10T00:00:00Z'), to_timestamp_millis(1), to_timestamp_micros(1), to_timestamp_seconds(1), \
+                from_unixtime(1760000000), to_char(timestamp, '%Y-%m-%d') FROM glass.events LIMIT 1",
+        "SHOW TABLES",
+        "SHOW TABLES IN glass",
+        "SHOW DATABASES",
+        "SHOW NAMESPACES",
+        "DESCRIBE glass.events",
+        "EXPLAIN SELECT count(*) FROM glass.events",
+        // None of Basin's limits: OFFSET, UNNEST, NOT IN on nullable columns, MEDIAN, exact DISTINCT.
+        "SELECT event FROM glass.events ORDER BY event_id LIMIT 5 OFFSET 10",
+        "SELECT unnest([1, 2, 3]) AS v",
+        "SELECT count(*) FROM glass.events WHERE person_id NOT IN (SELECT person_id FROM glass.identities)",
+        "SELECT median(json_get_float(props, 'amount')), count(DISTINCT device_id), sum(DISTINCT 1) FROM glass.events",
+    ];
+    for sql in cases {
+        ok(sql);
+    }
+    let ns: Vec<Value> = rows("SHOW NAMESPACES");
+    assert_eq!(ns, vec![json!({"namespace": "glass"})]);
+    let tables: Vec<String> =
+        rows("SHOW TABLES IN glass").iter().map(|r| r["table_name"].as_str().unwrap().to_string()).collect();
+    assert!(
+        tables.contains(&"events".to_string()) && tables.contains(&"identities".to_string()),
+        "{tables:?}"
+    );
+    assert!(!tables.is_empty());
+}
+
+#[test]
+fn approx_top_k_returns_value_count_structs() {
+    let r = ok("SELECT approx_top_k(event, 3) AS top FROM glass.events");
+    let top = r["rows"][0]["top"].as_array().unwrap();
+    assert_eq!(top.len(), 3);
+    assert_eq!(top[0]["value"], "$pageview");
+    let exact =
+        rows("SELECT event, count(*) AS n FROM glass.events GROUP BY event ORDER BY n DESC, event LIMIT 3");
+    for (t, e) in top.iter().zip(&exact) {
+        assert_eq!((&t["value"], &t["count"]), (&e["event"], &e["n"]), "exact while distinct values fit");
+    }
+    let per_group = rows(
+        "SELECT project_id, approx_top_k(country, 2) AS top FROM glass.events GROUP BY project_id ORDER BY project_id",
+    );
+    assert_eq!(per_group.len(), 3);
+    assert!(per_group.iter().all(|r| r["top"].as_array().unwrap().len() == 2));
+    fails("SELECT approx_top_k(event, 0) FROM glass.events", 400, 40004);
+}
+
+#[test]
+fn no_silent_default_limit_and_long_json_strings_work() {
+    // Basin caps results at 500 rows by default and 10,000 at most; skiff returns them all.
+    assert_eq!(rows("SELECT event_id FROM glass.events").len(), 20_000);
+    let long = format!("{{\"k\": \"{}\", \"n\": 7}}", "x".repeat(5_000));
+    let r = rows(&format!("SELECT json_get_int('{long}', 'n') AS n, json_length('{long}') AS len"));
+    assert_eq!(r[0], json!({"n": 7, "len": 2}));
+}
