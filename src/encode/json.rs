@@ -315,7 +315,7 @@ fn timestamp_encoder<'a>(
 ) -> Result<Box<dyn Encode + 'a>, ArrowError> {
     let zone: Option<arrow::array::timezone::Tz> = match tz {
         None => None,
-        Some(z) if matches!(z, "UTC" | "utc" | "Z" | "+00:00" | "Etc/UTC") => None,
+        Some("UTC" | "utc" | "Z" | "+00:00" | "Etc/UTC") => None,
         Some(z) => Some(z.parse()?),
     };
     let to_nanos: fn(i64) -> Option<i64> = match unit {

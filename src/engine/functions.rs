@@ -174,6 +174,6 @@ impl Accumulator for TopK {
     }
 
     fn size(&self) -> usize {
-        std::mem::size_of_val(self) + self.counts.iter().map(|(k, _)| k.size() + 8).sum::<usize>()
+        std::mem::size_of_val(self) + self.counts.keys().map(|k| k.size() + 8).sum::<usize>()
     }
 }

@@ -170,10 +170,11 @@ impl Lake {
         let listing = self.listing.read().expect("listing");
         let physical = listing.get(ns)?;
         // `<base>_v1` names the first version, stored as plain `<base>`.
-        if let Some(base) = name.strip_suffix("_v1") {
-            if !physical.contains(name) && physical.contains(base) {
-                return Some(Resolved::Physical(base.to_string()));
-            }
+        if let Some(base) = name.strip_suffix("_v1")
+            && !physical.contains(name)
+            && physical.contains(base)
+        {
+            return Some(Resolved::Physical(base.to_string()));
         }
         let (base, v) = split_version(name);
         if v >= 2 {

@@ -157,8 +157,10 @@ fn parquet_scan(
     let rows_known = tasks.iter().all(|t| t.record_count.is_some());
     let groups = split_into_groups(tasks, partitions);
 
-    let mut options = TableParquetOptions::default();
-    options.global = state.config_options().execution.parquet.clone();
+    let options = TableParquetOptions {
+        global: state.config_options().execution.parquet.clone(),
+        ..Default::default()
+    };
     let factory = Arc::new(FileIoReaderFactory { file_io: table.file_io().clone(), stats });
     let mut source = ParquetSource::new(schema.clone())
         .with_table_parquet_options(options)

@@ -11,14 +11,15 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 /// Splits a physical table name into its base and version: `events_v2` → (`events`, 2),
 /// `events` → (`events`, 1). `_v0` and `_v1` suffixes are not versions of another table.
 pub fn split_version(name: &str) -> (&str, u32) {
-    if let Some((base, v)) = name.rsplit_once("_v") {
-        if !base.is_empty() && !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) && !v.starts_with('0') {
-            if let Ok(n) = v.parse::<u32>() {
-                if n >= 2 {
-                    return (base, n);
-                }
-            }
-        }
+    if let Some((base, v)) = name.rsplit_once("_v")
+        && !base.is_empty()
+        && !v.is_empty()
+        && v.bytes().all(|b| b.is_ascii_digit())
+        && !v.starts_with('0')
+        && let Ok(n) = v.parse::<u32>()
+        && n >= 2
+    {
+        return (base, n);
     }
     (name, 1)
 }

@@ -142,10 +142,10 @@ impl Server {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("skiff exited with {status} before it was ready:\n{}", self.log_text());
             }
-            if let Ok(r) = client.get(format!("{}/_health", self.base)).send() {
-                if r.status().is_success() {
-                    return;
-                }
+            if let Ok(r) = client.get(format!("{}/_health", self.base)).send()
+                && r.status().is_success()
+            {
+                return;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
