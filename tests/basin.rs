@@ -252,3 +252,81 @@ fn no_silent_default_limit_and_long_json_strings_work() {
     let r = rows(&format!("SELECT json_get_int('{long}', 'n') AS n, json_length('{long}') AS len"));
     assert_eq!(r[0], json!({"n": 7, "len": 2}));
 }
+
+#[test]
+fn every_arrow_type_has_a_basin_name_and_a_json_value() {
+    // (SQL, Basin's type name, JSON value)
+    let cases: &[(&str, &str, Value)] = &[
+        ("arrow_cast(1, 'Int16')", "Int16", json!(1)),
+        ("arrow_cast(1, 'UInt8')", "UInt8", json!(1)),
+        ("arrow_cast(1, 'UInt16')", "UInt16", json!(1)),
+        ("arrow_cast(18446744073709551615, 'UInt64')", "UInt64", json!(18446744073709551615u64)),
+        ("arrow_cast(1.5, 'Float16')", "Float16", json!(1.5)),
+        ("arrow_cast('v', 'Utf8View')", "Utf8View", json!("v")),
+        ("arrow_cast(X'01', 'LargeBinary')", "LargeBinary", json!("AQ==")),
+        ("arrow_cast(X'01', 'BinaryView')", "BinaryView", json!("AQ==")),
+        ("arrow_cast(X'0102', 'FixedSizeBinary(2)')", "FixedSizeBinary(2)", json!("AQI=")),
+        ("arrow_cast(DATE '2026-01-02', 'Date64')", "Date64", json!("2026-01-02")),
+        (
+            "arrow_cast(TIMESTAMP '2026-01-02 03:04:05', 'Timestamp(Second, None)')",
+            "Timestamp(Second, None)",
+            json!("2026-01-02T03:04:05.000000Z"),
+        ),
+        (
+            "arrow_cast(TIMESTAMP '2026-01-02 03:04:05.123', 'Timestamp(Millisecond, None)')",
+            "Timestamp(Millisecond, None)",
+            json!("2026-01-02T03:04:05.123000Z"),
+        ),
+        (
+            "TIMESTAMP '2026-01-02 03:04:05.123456789'",
+            "Timestamp(Nanosecond, None)",
+            json!("2026-01-02T03:04:05.123456789Z"),
+        ),
+        // DataFusion reads a zone-less timestamp cast into a zone as that zone's local time.
+        (
+            "arrow_cast(TIMESTAMP '2026-01-02 03:04:05', 'Timestamp(Microsecond, Some(\"+02:00\"))')",
+            "Timestamp(Microsecond, Some(\"+02:00\"))",
+            json!("2026-01-02T03:04:05.000000+02:00"),
+        ),
+        (
+            "arrow_cast(arrow_cast(3723, 'Int32'), 'Time32(Second)')",
+            "Time32(Second)",
+            json!("01:02:03.000000"),
+        ),
+        (
+            "arrow_cast(3723000000000, 'Time64(Nanosecond)')",
+            "Time64(Nanosecond)",
+            json!("01:02:03.000000000"),
+        ),
+        ("arrow_cast(1, 'Duration(Second)')", "Duration(Second)", Value::Null),
+        ("INTERVAL '1 day'", "Interval(MonthDayNano)", Value::Null),
+        ("arrow_cast('x', 'Dictionary(Int32, Utf8)')", "Dictionary(Int32, Utf8)", json!("x")),
+        ("CAST(1 AS DECIMAL(38, 0))", "Decimal128(38, 0)", json!(1)),
+    ];
+    let select: Vec<String> =
+        cases.iter().enumerate().map(|(i, (sql, _, _))| format!("{sql} AS c{i}")).collect();
+    let r = ok(&format!("SELECT {}", select.join(", ")));
+    for (i, (sql, name, value)) in cases.iter().enumerate() {
+        let col = format!("c{i}");
+        let f = r["schema"].as_array().unwrap().iter().find(|f| f["name"] == col.as_str()).unwrap();
+        assert_eq!(f["type"], json!(name), "{sql}");
+        let got = &r["rows"][0][&col];
+        if value.is_null() {
+            // Durations and intervals are strings as Arrow prints them.
+            assert!(got.as_str().is_some_and(|s| !s.is_empty()), "{sql}: {got}");
+        } else {
+            assert_eq!(got, value, "{sql}");
+        }
+    }
+    // Nested kinds beyond List: LargeList, FixedSizeList, and a map with non-string keys.
+    let r = ok(
+        "SELECT arrow_cast([1, 2], 'LargeList(Int64)') AS ll, arrow_cast([1, 2], 'FixedSizeList(2, Int64)') AS fl, \
+                map([1, 2], ['a', 'b']) AS m",
+    );
+    assert_eq!(r["rows"][0]["ll"], json!([1, 2]));
+    assert_eq!(r["rows"][0]["fl"], json!([1, 2]));
+    assert_eq!(r["rows"][0]["m"], json!([{"key": 1, "value": "a"}, {"key": 2, "value": "b"}]));
+    for f in r["schema"].as_array().unwrap() {
+        assert!(f["descriptor"]["type"]["name"].is_string(), "{f}");
+    }
+}
