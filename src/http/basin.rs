@@ -11,7 +11,7 @@ use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::query::{Cap, Encoder, QueryLog, body_stream, read_body, start};
+use super::query::{Encoder, QueryLog, begin, body_stream, streaming};
 use super::{AppState, RequestId};
 use crate::encode::{basin, json};
 use crate::engine::stats::QueryStats;
@@ -33,22 +33,10 @@ pub async fn query(
         log.finish(Err(&e));
         return failure(status, &e);
     }
-    let started = async {
-        let body = read_body(&headers, body, state.max_body_bytes).await?;
-        if state.log_sql {
-            log.sql = Some(body.query.clone());
-        }
-        start(&state, &body.query).await
-    }
-    .await;
-    match started {
+    match begin(&state, &headers, body, &mut log).await {
         Ok(s) => {
-            log.stats = Some(s.stats.clone());
             let encoder = Envelope { request_id: id.0, has_rows: s.first.is_some(), stats: s.stats.clone() };
-            let cap = Cap { rows: state.max_result_rows, bytes: state.max_result_bytes };
-            let mut res = Body::from_stream(body_stream(s, encoder, log, cap)).into_response();
-            res.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            res
+            streaming(body_stream(s, encoder, log, state.result_cap()), "application/json")
         }
         Err(e) => {
             log.finish(Err(&e));

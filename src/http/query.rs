@@ -25,13 +25,11 @@ use crate::encode::json;
 use crate::engine::stats::QueryStats;
 use crate::error::{Result, SkiffError};
 
+/// The body every query route takes. Other fields (Basin clients send `warehouse`) are
+/// accepted and ignored: skiff serves one lake.
 #[derive(Debug, Deserialize)]
 pub struct QueryBody {
     pub query: String,
-    /// Basin clients send their warehouse; skiff serves one lake and accepts any.
-    #[serde(default)]
-    #[allow(dead_code)]
-    pub warehouse: Option<String>,
 }
 
 pub async fn json_rows(
@@ -62,15 +60,7 @@ async fn respond<E: Encoder>(
     content_type: &'static str,
 ) -> Response {
     let mut log = QueryLog::new(id.0, route);
-    let started = async {
-        let body = read_body(headers, body, state.max_body_bytes).await?;
-        if state.log_sql {
-            log.sql = Some(body.query.clone());
-        }
-        start(state, &body.query).await
-    }
-    .await;
-    match started {
+    match begin(state, headers, body, &mut log).await {
         // A first batch already over the row cap fails before any byte is sent.
         Ok(s) if s.first.as_ref().is_some_and(|b| b.num_rows() as u64 > state.max_result_rows) => {
             let e = SkiffError::ResultTooLarge(format!(
@@ -80,19 +70,33 @@ async fn respond<E: Encoder>(
             log.finish(Err(&e));
             e.into_response()
         }
-        Ok(s) => {
-            log.stats = Some(s.stats.clone());
-            let cap = Cap { rows: state.max_result_rows, bytes: state.max_result_bytes };
-            let stream = body_stream(s, encoder, log, cap);
-            let mut res = Body::from_stream(stream).into_response();
-            res.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-            res
-        }
+        Ok(s) => streaming(body_stream(s, encoder, log, state.result_cap()), content_type),
         Err(e) => {
             log.finish(Err(&e));
             e.into_response()
         }
     }
+}
+
+/// Reads the body and starts its query, noting in the log what it needs.
+pub async fn begin(state: &AppState, headers: &HeaderMap, body: Body, log: &mut QueryLog) -> Result<Started> {
+    let body = read_body(headers, body, state.max_body_bytes).await?;
+    if state.log_sql {
+        log.sql = Some(body.query.clone());
+    }
+    let started = start(state, &body.query).await?;
+    log.stats = Some(started.stats.clone());
+    Ok(started)
+}
+
+/// A 200 response whose body is the given stream.
+pub fn streaming(
+    stream: impl futures::Stream<Item = Result<Bytes, BoxError>> + Send + 'static,
+    content_type: &'static str,
+) -> Response {
+    let mut res = Body::from_stream(stream).into_response();
+    res.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    res
 }
 
 /// Reads and checks a `{"query": "..."}` body within the size limit.
@@ -222,7 +226,7 @@ struct BodyState<E> {
     log: QueryLog,
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The response body: head, the first batch, every later batch as it comes, tail.
 pub fn body_stream<E: Encoder>(
@@ -290,6 +294,12 @@ pub fn body_stream<E: Encoder>(
 pub struct Cap {
     pub rows: u64,
     pub bytes: u64,
+}
+
+impl AppState {
+    pub fn result_cap(&self) -> Cap {
+        Cap { rows: self.max_result_rows, bytes: self.max_result_bytes }
+    }
 }
 
 impl<E: Encoder> BodyState<E> {
