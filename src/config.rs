@@ -67,6 +67,11 @@ pub struct ServeConfig {
     #[arg(long, env = "SKIFF_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
 
+    /// Arrow Flight SQL listen address; empty or `off` turns Flight off. On Cloudflare only
+    /// HTTP reaches a container (through the Worker), so Flight serves direct deployments.
+    #[arg(long, env = "SKIFF_FLIGHT_ADDR", default_value = "127.0.0.1:32010", value_parser = parse_listen)]
+    pub flight_addr: Listen,
+
     /// Client tokens; a comma-separated list allows rotation. Also read from `SKIFF_API_TOKEN`.
     /// Unset: no auth (a warning is logged).
     #[arg(long, env = "API_TOKEN", hide_env_values = true)]
@@ -192,6 +197,20 @@ impl ServeConfig {
         }
         PinnedVersions::parse(self.lake_versions.as_deref().unwrap_or(""))
             .map_err(|e| format!("LAKE_VERSIONS: {e}"))
+    }
+}
+
+/// A listen address, or none when a listener is turned off.
+#[derive(Debug, Clone, Copy)]
+pub struct Listen(pub Option<SocketAddr>);
+
+pub fn parse_listen(s: &str) -> Result<Listen, String> {
+    match s.trim() {
+        "" | "off" | "none" => Ok(Listen(None)),
+        a => a
+            .parse()
+            .map(|a| Listen(Some(a)))
+            .map_err(|e| format!("{a:?} is not an address like 127.0.0.1:32010: {e}")),
     }
 }
 

@@ -93,6 +93,28 @@ impl SkiffError {
         }
     }
 
+    /// The gRPC code on the Flight SQL front end.
+    pub fn grpc_code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            Self::BadRequest(_)
+            | Self::SqlSyntax(_)
+            | Self::InvalidQuery(_)
+            | Self::UnsupportedMediaType(_) => Code::InvalidArgument,
+            Self::TableNotFound(_) | Self::RouteNotFound(_) => Code::NotFound,
+            Self::Unauthorized => Code::Unauthenticated,
+            Self::ReadOnly(_) => Code::PermissionDenied,
+            Self::Timeout => Code::DeadlineExceeded,
+            Self::Unavailable { .. } => Code::Unavailable,
+            Self::Overloaded(_)
+            | Self::ResourcesExhausted(_)
+            | Self::ResultTooLarge(_)
+            | Self::PayloadTooLarge { .. } => Code::ResourceExhausted,
+            Self::DataError(_) => Code::DataLoss,
+            Self::Internal(_) => Code::Internal,
+        }
+    }
+
     /// Seconds a client should wait before retrying, for errors worth retrying.
     pub fn retry_after(&self) -> Option<&'static str> {
         match self {
@@ -229,6 +251,24 @@ impl SkiffError {
 impl From<DataFusionError> for SkiffError {
     fn from(e: DataFusionError) -> Self {
         Self::from_datafusion(e)
+    }
+}
+
+impl From<SkiffError> for tonic::Status {
+    fn from(e: SkiffError) -> Self {
+        tonic::Status::new(e.grpc_code(), e.to_string())
+    }
+}
+
+impl From<arrow_flight::error::FlightError> for SkiffError {
+    fn from(e: arrow_flight::error::FlightError) -> Self {
+        match e {
+            arrow_flight::error::FlightError::Tonic(s) => match s.code() {
+                tonic::Code::InvalidArgument => Self::BadRequest(s.message().to_string()),
+                _ => Self::Internal(s.message().to_string()),
+            },
+            other => Self::Internal(format!("Flight encoding: {other}")),
+        }
     }
 }
 

@@ -10,6 +10,7 @@ mod config;
 mod encode;
 mod engine;
 mod error;
+mod flight;
 mod http;
 mod lake;
 
@@ -85,11 +86,21 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
         .await
         .map_err(|e| StartError::Msg(format!("cannot listen on {}: {e}", cfg.http_addr)))?;
     let addr = listener.local_addr()?;
+    let flight_listener = match cfg.flight_addr.0 {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .map_err(|e| StartError::Msg(format!("cannot listen on {a} (--flight-addr): {e}")))?,
+        ),
+        None => None,
+    };
+    let flight_addr = flight_listener.as_ref().map(|l| l.local_addr()).transpose()?;
     tracing::info!(
         catalog = conn.kind,
         location = %conn.location,
         tables = lake.table_count(),
         http = %format!("http://{addr}"),
+        flight = %flight_addr.map(|a| format!("grpc://{a}")).unwrap_or_else(|| "off".into()),
         auth = if auth.enabled() { "bearer token" } else { "off" },
         "skiff {} ready",
         env!("CARGO_PKG_VERSION")
@@ -106,7 +117,26 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
         max_result_bytes: cfg.max_result_bytes as u64,
         log_sql: cfg.log_sql,
     });
-    axum::serve(listener, http::router(state)).with_graceful_shutdown(shutdown_signal()).await?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            shutdown_signal().await;
+            stop.cancel();
+        }
+    });
+    let flight = flight_listener.map(|l| {
+        let (state, stop) = (state.clone(), stop.clone());
+        tokio::spawn(async move { flight::serve(l, state, stop.cancelled_owned()).await })
+    });
+    axum::serve(listener, http::router(state)).with_graceful_shutdown(stop.clone().cancelled_owned()).await?;
+    if let Some(f) = flight {
+        match f.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "the Flight SQL server failed"),
+            Err(e) => tracing::error!(error = %e, "the Flight SQL server panicked"),
+        }
+    }
     tracing::info!("skiff stopped");
     Ok(())
 }

@@ -10,10 +10,13 @@ pub mod stats;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::catalog::CatalogProvider;
+use datafusion::common::{ParamValues, ScalarValue};
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 
@@ -42,6 +45,12 @@ pub struct Limits {
     pub max_queued: usize,
     pub queue_timeout: Duration,
     pub memory_limit: usize,
+}
+
+/// What a planned but not started query returns and takes.
+pub struct Described {
+    pub schema: SchemaRef,
+    pub parameters: SchemaRef,
 }
 
 /// A running query: its schema, its batches as they are produced, and what it has cost so far.
@@ -84,9 +93,70 @@ impl Engine {
         &self.lake
     }
 
+    /// The session every query starts from (its functions, its settings).
+    pub fn session(&self) -> &SessionContext {
+        &self.ctx
+    }
+
+    /// The catalog SQL sees (lake namespaces and `information_schema`), for front ends that
+    /// list tables without running SQL.
+    pub fn catalog(&self) -> Option<Arc<dyn CatalogProvider>> {
+        self.ctx.catalog(CATALOG)
+    }
+
+    /// Plans a query without running it: its result schema and the types of its `$n`
+    /// parameters (`Null` where SQL leaves one open). Flight SQL needs both before execution.
+    ///
+    /// With values for the parameters, the schema is exactly the one execution will produce
+    /// (a bound literal is not nullable, an open placeholder is).
+    pub async fn describe(&self, sql: &str, params: Vec<ScalarValue>) -> Result<Described> {
+        self.check_text(sql)?;
+        let mut plan = tokio::time::timeout(self.limits.query_timeout, self.plan(&self.ctx.state(), sql))
+            .await
+            .map_err(|_| SkiffError::Timeout)??;
+        if !params.is_empty() {
+            plan = plan.with_param_values(ParamValues::from(params))?;
+        }
+        let mut params: Vec<(usize, DataType)> = plan
+            .get_parameter_types()?
+            .into_iter()
+            .filter_map(|(name, ty)| {
+                let n = name.trim_start_matches('$').parse::<usize>().ok()?;
+                Some((n, ty.unwrap_or(DataType::Null)))
+            })
+            .collect();
+        params.sort_by_key(|(n, _)| *n);
+        let fields: Vec<Field> =
+            params.into_iter().map(|(n, ty)| Field::new(format!("${n}"), ty, true)).collect();
+        Ok(Described {
+            schema: Arc::new(plan.schema().as_arrow().clone()),
+            parameters: Arc::new(Schema::new(fields)),
+        })
+    }
+
     /// Plans and starts one query. Errors in planning (syntax, unknown tables and columns,
     /// refused statements, an unreachable catalog) come back here, before any row.
     pub async fn execute(&self, sql: &str) -> Result<Query> {
+        self.execute_with(sql, Vec::new()).await
+    }
+
+    /// [`Engine::execute`] with values for the query's `$1`, `$2`, ... parameters.
+    pub async fn execute_with(&self, sql: &str, params: Vec<ScalarValue>) -> Result<Query> {
+        self.check_text(sql)?;
+        // One deadline covers waiting for a slot, planning, running and streaming.
+        let deadline = tokio::time::Instant::now() + self.limits.query_timeout;
+        let permit = self.admission.admit(deadline).await?;
+        let started = tokio::time::timeout_at(deadline, self.start(sql, params))
+            .await
+            .map_err(|_| SkiffError::Timeout)??;
+        Ok(Query {
+            schema: started.schema,
+            stream: Box::pin(Bounded::new(started.stream, deadline, permit)),
+            stats: started.stats,
+        })
+    }
+
+    fn check_text(&self, sql: &str) -> Result<()> {
         if sql.len() > self.limits.max_sql_bytes {
             return Err(SkiffError::BadRequest(format!(
                 "SQL text is {} bytes, over the limit of {} bytes",
@@ -97,25 +167,28 @@ impl Engine {
         if sql.trim().is_empty() {
             return Err(SkiffError::BadRequest("the query is empty".into()));
         }
-        // One deadline covers waiting for a slot, planning, running and streaming.
-        let deadline = tokio::time::Instant::now() + self.limits.query_timeout;
-        let permit = self.admission.admit(deadline).await?;
-        let started =
-            tokio::time::timeout_at(deadline, self.start(sql)).await.map_err(|_| SkiffError::Timeout)??;
-        Ok(Query {
-            schema: started.schema,
-            stream: Box::pin(Bounded::new(started.stream, deadline, permit)),
-            stats: started.stats,
-        })
+        Ok(())
     }
 
-    async fn start(&self, sql: &str) -> Result<Query> {
-        let mut state = self.ctx.state();
-        let stats = Arc::new(QueryStats::default());
-        state.config_mut().set_extension(stats.clone());
+    /// SQL to a checked logical plan: dialect rewrites, then the read-only rules.
+    async fn plan(&self, state: &datafusion::execution::SessionState, sql: &str) -> Result<LogicalPlan> {
+        let numbered = dialect::number_placeholders(sql);
+        let sql = numbered.as_deref().unwrap_or(sql);
         let rewritten = dialect::rewrite(sql);
         let plan = state.create_logical_plan(rewritten.as_deref().unwrap_or(sql)).await?;
         readonly::check(&plan)?;
+        Ok(plan)
+    }
+
+    async fn start(&self, sql: &str, params: Vec<ScalarValue>) -> Result<Query> {
+        let mut state = self.ctx.state();
+        let stats = Arc::new(QueryStats::default());
+        state.config_mut().set_extension(stats.clone());
+        let mut plan = self.plan(&state, sql).await?;
+        // A query with placeholders and no values fails here, naming the missing one.
+        if !params.is_empty() || !plan.get_parameter_types()?.is_empty() {
+            plan = plan.with_param_values(ParamValues::from(params))?;
+        }
         let df = DataFrame::new(state, plan);
         let schema = Arc::new(df.schema().as_arrow().clone());
         let stream = df.execute_stream().await?;

@@ -2,7 +2,7 @@
 //! call the engine and encode; they hold no query logic.
 
 mod basin;
-mod query;
+pub mod query;
 
 use std::sync::Arc;
 

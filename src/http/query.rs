@@ -373,6 +373,11 @@ impl QueryLog {
         }
     }
 
+    /// Whether the line has been written.
+    pub fn done(&self) -> bool {
+        self.done
+    }
+
     pub fn finish(&mut self, outcome: Result<(), &SkiffError>) {
         if self.done {
             return;

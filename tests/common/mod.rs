@@ -81,6 +81,8 @@ pub fn free_port() -> u16 {
 pub struct Server {
     child: Child,
     pub base: String,
+    /// The Flight SQL address (`127.0.0.1:port`), or empty when the test turned Flight off.
+    pub flight: String,
     pub token: Option<String>,
     pub log: PathBuf,
     _logdir: tempfile::TempDir,
@@ -110,7 +112,17 @@ impl Server {
         let logdir = tempdir();
         let log = logdir.path().join("skiff.log");
         let mut cmd = Command::new(skiff_bin());
-        cmd.arg("serve").arg("--http-addr").arg(format!("127.0.0.1:{port}")).args(&opts.args);
+        cmd.arg("serve").arg("--http-addr").arg(format!("127.0.0.1:{port}"));
+        // Every server gets its own Flight port, so tests can run side by side.
+        let flight = if opts.args.iter().any(|a| a == "--flight-addr") {
+            let i = opts.args.iter().position(|a| a == "--flight-addr").unwrap();
+            opts.args[i + 1].clone()
+        } else {
+            let a = format!("127.0.0.1:{}", free_port());
+            cmd.arg("--flight-addr").arg(&a);
+            a
+        };
+        cmd.args(&opts.args);
         cmd.env_remove("API_TOKEN").env_remove("SKIFF_API_TOKEN").env_remove("LAKE_VERSIONS");
         cmd.env("RUST_LOG", "info");
         if let Some(t) = opts.token {
@@ -127,6 +139,7 @@ impl Server {
         let mut server = Server {
             child,
             base: format!("http://127.0.0.1:{port}"),
+            flight,
             token: opts.token.map(String::from),
             log,
             _logdir: logdir,
