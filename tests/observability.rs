@@ -260,7 +260,7 @@ fn metrics_count_requests_queries_scans_and_errors() {
     assert_eq!(d("skiff_cache_misses_total", &[("cache", "table_list")]), 1.0);
 
     assert_eq!(get(&m1, "skiff_memory_pool_limit_bytes", &[]), (64u64 << 20) as f64);
-    assert!(get(&m1, "skiff_memory_pool_reserved_bytes", &[]) >= 0.0);
+    assert_eq!(get(&m1, "skiff_memory_pool_reserved_bytes", &[]), 0.0, "nothing runs");
     assert_eq!(get(&m1, "skiff_build_info", &[("version", env!("CARGO_PKG_VERSION"))]), 1.0);
     assert_eq!(get(&m1, "skiff_draining", &[]), 0.0);
     assert_eq!(d("skiff_catalog_errors_total", &[("source", "query")]), 0.0);
@@ -487,4 +487,41 @@ fn catalog_failures_are_counted() {
         ),
         1.0
     );
+}
+
+#[test]
+fn gauges_show_running_and_queued_queries_and_pool_memory() {
+    let (_d, s) =
+        serve(&["--max-concurrent-queries", "1", "--queue-timeout", "20s", "--memory-limit", "1GiB"]);
+    // A sorted result whose client does not read: it holds the only slot and its sort's memory.
+    let held =
+        post_as(&s, "/query", "g-held", "SELECT value FROM generate_series(1, 3000000) ORDER BY value DESC");
+    assert_eq!(held.status(), 200);
+    let base = s.base.clone();
+    let waiting = std::thread::spawn(move || {
+        client()
+            .post(format!("{base}/query"))
+            .bearer_auth(TOKEN)
+            .body(r#"{"query": "SELECT 1 AS one"}"#)
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
+    });
+    let m = eventually(10, || {
+        let (_, m) = scrape(&s);
+        (get(&m, "skiff_queries_queued", &[]) == 1.0).then_some(m)
+    });
+    assert_eq!(get(&m, "skiff_queries_running", &[]), 1.0);
+    let reserved = get(&m, "skiff_memory_pool_reserved_bytes", &[]);
+    assert!(reserved > 0.0 && reserved <= (1u64 << 30) as f64, "{reserved}");
+    // The client goes away: the slot frees, the waiting query runs, the pool empties.
+    drop(held);
+    assert_eq!(waiting.join().unwrap(), 200);
+    let (_, m) = scrape(&s);
+    assert_eq!(get(&m, "skiff_queries_running", &[]), 0.0);
+    assert_eq!(get(&m, "skiff_queries_queued", &[]), 0.0);
+    assert_eq!(get(&m, "skiff_memory_pool_reserved_bytes", &[]), 0.0);
+    let waited = get(&m, "skiff_query_queue_wait_seconds_sum", &[("outcome", "admitted")]);
+    assert!(waited > 0.0, "the second query's wait was measured: {waited}");
 }

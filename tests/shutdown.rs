@@ -115,6 +115,23 @@ fn queries_outliving_the_grace_period_are_cancelled_and_skiff_exits_0() {
 }
 
 #[test]
+fn a_second_signal_skips_the_rest_of_the_grace_period() {
+    let (_d, mut s) = serve(&["--shutdown-grace", "10m"]);
+    let mut held = hold_open(&s);
+    s.signal("TERM");
+    eventually(10, || (health(&s).0 == 503).then_some(()));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(s.wait_exit(Duration::ZERO).is_none(), "still waiting for the held query");
+    let t = Instant::now();
+    s.signal("INT");
+    let status = s.wait_exit(Duration::from_secs(8)).expect("exits after the second signal");
+    assert_eq!(status.code(), Some(0));
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(held.read_to_end(&mut Vec::new()).is_err(), "the cancelled stream is cut as a failure");
+    assert!(s.log_text().contains("second signal"));
+}
+
+#[test]
 fn sigint_with_nothing_running_exits_at_once() {
     let (_d, mut s) = serve(&["--shutdown-grace", "60s"]);
     assert_eq!(s.rows("SELECT 1 AS one")[0]["one"], 1);
