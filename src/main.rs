@@ -72,11 +72,22 @@ fn init_tracing() {
 
 async fn serve(cfg: ServeConfig) -> StartResult<()> {
     let pinned = cfg.validate().map_err(StartError::Msg)?;
-    // Before anything slow, so that a SIGTERM during start-up is a clean stop, not a kill.
+    // Before anything slow, so that a signal during start-up (a catalog that does not answer)
+    // is a clean stop, not a kill.
     let mut signals = Signals::new()?;
     observe::init(cfg.log_sql, cfg.query_history);
-    let conn = catalog::connect(&cfg).await?;
-    let lake = lake::Lake::new(conn.catalog.clone(), pinned).await?;
+    let connected = async {
+        let conn = catalog::connect(&cfg).await?;
+        let lake = lake::Lake::new(conn.catalog.clone(), pinned).await?;
+        StartResult::Ok((conn, lake))
+    };
+    let (conn, lake) = tokio::select! {
+        c = connected => c?,
+        _ = signals.next() => {
+            tracing::info!("stopped before start-up finished");
+            return Ok(());
+        }
+    };
     lake.spawn_refresh(cfg.refresh_interval);
     let limits = engine::Limits {
         max_sql_bytes: cfg.max_sql_bytes,

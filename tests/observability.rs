@@ -419,7 +419,13 @@ fn system_queries_lists_finished_and_running_queries() {
 
 #[test]
 fn system_queries_shows_sql_only_with_log_sql_and_keeps_a_bounded_history() {
-    let (_d, s) = serve(&["--log-sql", "--query-history", "3"]);
+    let dir = tempdir();
+    demo_lake(dir.path(), 100);
+    let s = Server::start(Opts {
+        args: [lake_args(dir.path()), vec!["--log-sql".into()]].concat(),
+        env: vec![("SKIFF_QUERY_HISTORY", "3".into())],
+        ..Default::default()
+    });
     for i in 0..5 {
         assert_eq!(post_as(&s, "/query", &format!("h-{i}"), &format!("SELECT {i} AS i")).status(), 200);
     }

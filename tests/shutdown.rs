@@ -116,7 +116,13 @@ fn queries_outliving_the_grace_period_are_cancelled_and_skiff_exits_0() {
 
 #[test]
 fn a_second_signal_skips_the_rest_of_the_grace_period() {
-    let (_d, mut s) = serve(&["--shutdown-grace", "10m"]);
+    let dir = tempdir();
+    demo_lake(dir.path(), 100);
+    let mut s = Server::start(Opts {
+        args: lake_args(dir.path()),
+        env: vec![("SKIFF_SHUTDOWN_GRACE", "10m".into())],
+        ..Default::default()
+    });
     let mut held = hold_open(&s);
     s.signal("TERM");
     eventually(10, || (health(&s).0 == 503).then_some(()));

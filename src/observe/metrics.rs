@@ -334,3 +334,30 @@ impl<const N: usize> Histogram<N> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut s = String::new();
+        sample(&mut s, "x", &[("a", "q\"b\\c\nd")], 1.0);
+        assert_eq!(s, "x{a=\"q\\\"b\\\\c\\nd\"} 1\n");
+    }
+
+    #[test]
+    fn histograms_are_cumulative_with_sum_and_count() {
+        let h = Histogram::<1>::new(&[0.1, 1.0]);
+        for v in [0.0625, 0.5, 0.5, 7.0] {
+            h.observe(["r".into()], v);
+        }
+        let mut s = String::new();
+        h.render(&mut s, "d", ["route"]);
+        assert_eq!(
+            s,
+            "d_bucket{route=\"r\",le=\"0.1\"} 1\nd_bucket{route=\"r\",le=\"1.0\"} 3\n\
+             d_bucket{route=\"r\",le=\"+Inf\"} 4\nd_sum{route=\"r\"} 8.0625\nd_count{route=\"r\"} 4\n"
+        );
+    }
+}

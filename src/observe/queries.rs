@@ -114,9 +114,24 @@ impl Running {
             files_scanned: stats.map(|s| s.files_scanned()),
             bytes_scanned: stats.map(|s| s.bytes_scanned()),
             error: None,
-            sql: self.sql.get().cloned(),
+            sql: self.sql.get().map(|s| shorten(s)),
         }
     }
+}
+
+/// Longest SQL text kept in the history, so 1,000 entries of 256 KiB queries cannot hold
+/// hundreds of megabytes. A cut text says so; the log line keeps the whole text.
+const MAX_SQL_KEPT: usize = 16 * 1024;
+
+fn shorten(sql: &str) -> String {
+    if sql.len() <= MAX_SQL_KEPT {
+        return sql.to_string();
+    }
+    let mut end = MAX_SQL_KEPT;
+    while !sql.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… [{} of {} bytes shown]", &sql[..end], end, sql.len())
 }
 
 /// Every known query, finished ones first (oldest first), then running ones by start.
@@ -206,5 +221,20 @@ impl TableProvider for QueriesTable {
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
         let table = MemTable::try_new(schema(), vec![vec![batch(&snapshot())?]])?;
         table.scan(state, projection, filters, limit).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn long_sql_is_cut_visibly() {
+        let sql = format!("SELECT '{}'", "é".repeat(20_000));
+        let s = super::shorten(&sql);
+        assert!(
+            s.len() < 17 * 1024 && s.ends_with(&format!("of {} bytes shown]", sql.len())),
+            "{}",
+            &s[s.len() - 40..]
+        );
+        assert_eq!(super::shorten("SELECT 1"), "SELECT 1");
     }
 }
