@@ -141,9 +141,22 @@ pub struct ServeConfig {
     #[arg(long, env = "SKIFF_MAX_RESULT_BYTES", default_value = "1GiB", value_parser = parse_bytes)]
     pub max_result_bytes: usize,
 
-    /// Log each query's SQL text (it may contain user data).
+    /// Log each query's SQL text, and show it in `system.queries` (it may contain user data).
     #[arg(long, env = "SKIFF_LOG_SQL", default_value_t = false)]
     pub log_sql: bool,
+
+    /// Serve `GET /metrics` without a token (for a scraper on a private network).
+    #[arg(long, env = "SKIFF_METRICS_PUBLIC", default_value_t = false)]
+    pub metrics_public: bool,
+
+    /// Finished queries kept for `system.queries` (running ones are always listed).
+    #[arg(long, env = "SKIFF_QUERY_HISTORY", default_value_t = 1000)]
+    pub query_history: usize,
+
+    /// On SIGTERM or SIGINT, how long running queries may go on before they are cancelled
+    /// and skiff exits (`30s`; Cloudflare sends SIGKILL 15 minutes after SIGTERM).
+    #[arg(long, env = "SKIFF_SHUTDOWN_GRACE", default_value = "30s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
 }
 
 impl ServeConfig {

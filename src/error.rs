@@ -33,6 +33,10 @@ pub enum SkiffError {
     Overloaded(String),
     #[error("query timed out (--query-timeout)")]
     Timeout,
+    /// The server is draining before it exits: no new queries, and what outlives the grace
+    /// period is cancelled. Retryable: another instance (or this one, restarted) will answer.
+    #[error("skiff is shutting down: {0}")]
+    ShuttingDown(String),
     #[error("{0}")]
     ResultTooLarge(String),
     /// A data or metadata file that cannot be read as what it should be (corrupt, truncated).
@@ -74,7 +78,7 @@ impl SkiffError {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::TableNotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
-            Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable { .. } | Self::ShuttingDown(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::ResourcesExhausted(_) => StatusCode::INSUFFICIENT_STORAGE,
             Self::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Timeout => StatusCode::GATEWAY_TIMEOUT,
@@ -105,7 +109,7 @@ impl SkiffError {
             Self::Unauthorized => Code::Unauthenticated,
             Self::ReadOnly(_) => Code::PermissionDenied,
             Self::Timeout => Code::DeadlineExceeded,
-            Self::Unavailable { .. } => Code::Unavailable,
+            Self::Unavailable { .. } | Self::ShuttingDown(_) => Code::Unavailable,
             Self::Overloaded(_)
             | Self::ResourcesExhausted(_)
             | Self::ResultTooLarge(_)
@@ -118,7 +122,7 @@ impl SkiffError {
     /// Seconds a client should wait before retrying, for errors worth retrying.
     pub fn retry_after(&self) -> Option<&'static str> {
         match self {
-            Self::Unavailable { .. } | Self::Overloaded(_) => Some("1"),
+            Self::Unavailable { .. } | Self::Overloaded(_) | Self::ShuttingDown(_) => Some("1"),
             _ => None,
         }
     }
@@ -139,6 +143,7 @@ impl SkiffError {
             Self::ResourcesExhausted(_) => "resources_exhausted",
             Self::Overloaded(_) => "overloaded",
             Self::Timeout => "timeout",
+            Self::ShuttingDown(_) => "shutting_down",
             Self::ResultTooLarge(_) => "result_too_large",
             Self::DataError(_) => "data_error",
             Self::Internal(_) => "internal",
@@ -152,7 +157,7 @@ impl SkiffError {
             Self::SqlSyntax(_) => 40003,
             Self::TableNotFound(_) => 40010,
             Self::Unauthorized => 10000,
-            Self::Unavailable { .. } => 80001,
+            Self::Unavailable { .. } | Self::ShuttingDown(_) => 80001,
             Self::Internal(_) => 10001,
             Self::Overloaded(_) => 42900,
             Self::Timeout => 40008,
@@ -240,6 +245,7 @@ impl SkiffError {
             }
             Self::TableNotFound(m) => Self::TableNotFound(m.clone()),
             Self::Timeout => Self::Timeout,
+            Self::ShuttingDown(m) => Self::ShuttingDown(m.clone()),
             Self::Overloaded(m) => Self::Overloaded(m.clone()),
             Self::InvalidQuery(m) => Self::InvalidQuery(m.clone()),
             Self::ReadOnly(m) => Self::ReadOnly(m.clone()),

@@ -13,9 +13,11 @@ mod error;
 mod flight;
 mod http;
 mod lake;
+mod observe;
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -45,6 +47,8 @@ fn main() -> ExitCode {
             }
         }
     });
+    // Tasks still blocked (a connection a client never reads) must not hold the exit up.
+    runtime.shutdown_timeout(Duration::from_secs(1));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -69,8 +73,22 @@ fn init_tracing() {
 
 async fn serve(cfg: ServeConfig) -> StartResult<()> {
     let pinned = cfg.validate().map_err(StartError::Msg)?;
-    let conn = catalog::connect(&cfg).await?;
-    let lake = lake::Lake::new(conn.catalog.clone(), pinned).await?;
+    // Before anything slow, so that a signal during start-up (a catalog that does not answer)
+    // is a clean stop, not a kill.
+    let mut signals = Signals::new()?;
+    observe::init(cfg.log_sql, cfg.query_history);
+    let connected = async {
+        let conn = catalog::connect(&cfg).await?;
+        let lake = lake::Lake::new(conn.catalog.clone(), pinned).await?;
+        StartResult::Ok((conn, lake))
+    };
+    let (conn, lake) = tokio::select! {
+        c = connected => c?,
+        _ = signals.next() => {
+            tracing::info!("stopped before start-up finished");
+            return Ok(());
+        }
+    };
     lake.spawn_refresh(cfg.refresh_interval);
     let limits = engine::Limits {
         max_sql_bytes: cfg.max_sql_bytes,
@@ -115,44 +133,103 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
         max_body_bytes: cfg.max_body_bytes,
         max_result_rows: cfg.max_result_rows,
         max_result_bytes: cfg.max_result_bytes as u64,
-        log_sql: cfg.log_sql,
+        metrics_public: cfg.metrics_public,
     });
-    let stop = tokio_util::sync::CancellationToken::new();
-    tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            shutdown_signal().await;
-            stop.cancel();
-        }
-    });
+    let stop_listening = tokio_util::sync::CancellationToken::new();
+    let mut server = tokio::spawn(
+        axum::serve(listener, http::router(state.clone()))
+            .with_graceful_shutdown(stop_listening.clone().cancelled_owned())
+            .into_future(),
+    );
+    // Flight follows the same shutdown: refused new queries while draining, closed with HTTP.
     let flight = flight_listener.map(|l| {
-        let (state, stop) = (state.clone(), stop.clone());
-        tokio::spawn(async move { flight::serve(l, state, stop.cancelled_owned()).await })
+        let (state, stop) = (state.clone(), stop_listening.clone());
+        tokio::spawn(async move {
+            if let Err(e) = flight::serve(l, state, stop.cancelled_owned()).await {
+                tracing::error!(error = %e, "the Flight SQL server failed");
+            }
+        })
     });
-    axum::serve(listener, http::router(state)).with_graceful_shutdown(stop.clone().cancelled_owned()).await?;
-    if let Some(f) = flight {
-        match f.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(error = %e, "the Flight SQL server failed"),
-            Err(e) => tracing::error!(error = %e, "the Flight SQL server panicked"),
+    tokio::select! {
+        _ = signals.next() => {}
+        done = &mut server => {
+            return done.map_err(|e| StartError::Msg(format!("the HTTP server failed: {e}")))?.map_err(Into::into);
         }
     }
-    tracing::info!("skiff stopped");
+    drain(&state.engine, cfg.shutdown_grace, &mut signals).await;
+    // Close the listeners and let responses still in flight end (cancelled ones end as failures).
+    stop_listening.cancel();
+    let wound_down = tokio::time::timeout(WIND_DOWN, async {
+        let _ = (&mut server).await;
+        if let Some(f) = flight {
+            let _ = f.await;
+        }
+    });
+    match wound_down.await {
+        Ok(()) => tracing::info!("skiff stopped"),
+        Err(_) => tracing::warn!("connections still open after {WIND_DOWN:?}; closing them"),
+    }
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("installing the SIGTERM handler");
+/// How long, after the drain, open connections get to finish sending; a response stuck on a
+/// client that does not read is then cut (the client sees a failed, not a short, response).
+const WIND_DOWN: Duration = Duration::from_secs(2);
+
+/// Shutdown's first part: health checks say `draining` and new queries are refused (the
+/// listener stays open so the platform's health checks are answered), running queries get
+/// up to `grace` to finish, then whatever is left is cancelled. A second signal skips the
+/// rest of the grace period.
+async fn drain(engine: &engine::Engine, grace: Duration, signals: &mut Signals) {
+    engine.drain();
+    let running = observe::queries::running_count();
+    tracing::info!(running, grace = ?grace, "shutting down: no new queries; waiting for running ones");
+    let deadline = tokio::time::Instant::now() + grace;
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        if observe::queries::running_count() == 0 {
+            return;
+        }
         tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
+            _ = tick.tick() => {}
+            _ = tokio::time::sleep_until(deadline) => break,
+            _ = signals.next() => {
+                tracing::warn!("second signal: not waiting any longer");
+                break;
+            }
         }
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-    tracing::info!("shutting down: no new connections, finishing running queries");
+    let left = observe::queries::running_count();
+    tracing::warn!(queries = left, "grace period over: cancelling the queries still running");
+    engine.cancel_all();
+}
+
+/// SIGTERM (what container platforms send) and SIGINT (Ctrl-C).
+struct Signals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Self { term: signal(SignalKind::terminate())?, int: signal(SignalKind::interrupt())? })
+        }
+        #[cfg(not(unix))]
+        Ok(Self {})
+    }
+
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.term.recv() => tracing::info!("SIGTERM received"),
+            _ = self.int.recv() => tracing::info!("SIGINT received"),
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

@@ -215,7 +215,8 @@ fn every_statement_kind_basin_accepts_runs() {
         ok(sql);
     }
     let ns: Vec<Value> = rows("SHOW NAMESPACES");
-    assert_eq!(ns, vec![json!({"namespace": "glass"})]);
+    // The lake's namespaces, and skiff's own `system` (system.queries).
+    assert_eq!(ns, vec![json!({"namespace": "glass"}), json!({"namespace": "system"})]);
     let tables: Vec<String> =
         rows("SHOW TABLES IN glass").iter().map(|r| r["table_name"].as_str().unwrap().to_string()).collect();
     assert!(

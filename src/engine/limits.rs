@@ -15,8 +15,10 @@ use datafusion::physical_plan::{RecordBatchStream, SendableRecordBatchStream};
 use futures::{FutureExt, Stream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::error::SkiffError;
+use crate::observe::metrics;
 
 /// Concurrency admission: a query runs with a permit; without one it waits in a bounded
 /// queue for a bounded time, else it is turned away (429) so clients back off.
@@ -40,8 +42,30 @@ impl Admission {
         }
     }
 
-    /// Waits for a permit until `deadline` or the queue timeout, whichever comes first.
-    pub async fn admit(&self, deadline: Instant) -> Result<OwnedSemaphorePermit, SkiffError> {
+    /// Waits for a permit until `deadline` or the queue timeout, whichever comes first, or
+    /// until shutdown cancels what is left. The wait is measured for `/metrics`.
+    pub async fn admit(
+        &self,
+        deadline: Instant,
+        shutdown: &CancellationToken,
+    ) -> Result<OwnedSemaphorePermit, SkiffError> {
+        let arrived = Instant::now();
+        let got = self.wait(deadline, shutdown).await;
+        let outcome = match &got {
+            Ok(_) => "admitted",
+            Err(SkiffError::Timeout) => "timeout",
+            Err(SkiffError::ShuttingDown(_)) => "shutting_down",
+            Err(_) => "overloaded",
+        };
+        metrics::queue_wait(outcome, arrived.elapsed());
+        got
+    }
+
+    async fn wait(
+        &self,
+        deadline: Instant,
+        shutdown: &CancellationToken,
+    ) -> Result<OwnedSemaphorePermit, SkiffError> {
         if let Ok(p) = self.permits.clone().try_acquire_owned() {
             return Ok(p);
         }
@@ -54,13 +78,21 @@ impl Admission {
             )));
         }
         let until = deadline.min(Instant::now() + self.max_wait);
-        let got = tokio::time::timeout_at(until, self.permits.clone().acquire_owned()).await;
+        let got = tokio::select! {
+            got = tokio::time::timeout_at(until, self.permits.clone().acquire_owned()) => Some(got),
+            _ = shutdown.cancelled() => None,
+        };
         self.waiting.fetch_sub(1, Ordering::SeqCst);
         match got {
-            Ok(Ok(p)) => Ok(p),
+            None => Err(SkiffError::ShuttingDown(CANCELLED_AT_SHUTDOWN.into())),
+            Some(Ok(Ok(p))) => Ok(p),
             _ if Instant::now() >= deadline => Err(SkiffError::Timeout),
             _ => Err(SkiffError::Overloaded(format!("no query slot became free within {:?}", self.max_wait))),
         }
+    }
+
+    pub fn queued(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst).min(self.max_waiting)
     }
 
     pub fn running(&self) -> usize {
@@ -68,22 +100,34 @@ impl Admission {
     }
 }
 
+/// Why a query still running when the shutdown grace period ends fails.
+pub const CANCELLED_AT_SHUTDOWN: &str =
+    "the query outlived the grace period (--shutdown-grace) and was cancelled";
+
 /// A result stream that holds its query's permit until it ends, and fails with
-/// [`SkiffError::Timeout`] at the deadline, dropping (so cancelling) the query.
+/// [`SkiffError::Timeout`] at the deadline, or [`SkiffError::ShuttingDown`] when shutdown
+/// cancels running queries, dropping (so cancelling) the query.
 pub struct Bounded {
     inner: Option<SendableRecordBatchStream>,
     schema: SchemaRef,
     deadline: Pin<Box<Sleep>>,
+    shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
     _permit: OwnedSemaphorePermit,
 }
 
 impl Bounded {
-    pub fn new(inner: SendableRecordBatchStream, deadline: Instant, permit: OwnedSemaphorePermit) -> Self {
+    pub fn new(
+        inner: SendableRecordBatchStream,
+        deadline: Instant,
+        shutdown: CancellationToken,
+        permit: OwnedSemaphorePermit,
+    ) -> Self {
         let schema = inner.schema();
         Self {
             inner: Some(inner),
             schema,
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            shutdown: Box::pin(shutdown.cancelled_owned()),
             _permit: permit,
         }
     }
@@ -93,6 +137,11 @@ impl Stream for Bounded {
     type Item = DFResult<RecordBatch>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.inner.is_some() && self.shutdown.poll_unpin(cx).is_ready() {
+            self.inner = None;
+            let e = SkiffError::ShuttingDown(CANCELLED_AT_SHUTDOWN.into());
+            return Poll::Ready(Some(Err(DataFusionError::External(Box::new(e)))));
+        }
         let Some(inner) = self.inner.as_mut() else { return Poll::Ready(None) };
         if let Poll::Ready(item) = inner.as_mut().poll_next(cx) {
             if item.is_none() {

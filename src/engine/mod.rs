@@ -6,8 +6,10 @@ mod functions;
 pub mod limits;
 pub mod readonly;
 pub mod stats;
+mod system;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -19,10 +21,12 @@ use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
+use tokio_util::sync::CancellationToken;
 
 use crate::error::{Result, SkiffError};
 use crate::lake::Lake;
-use limits::{Admission, Bounded};
+use crate::observe::metrics::Gauges;
+use limits::{Admission, Bounded, CANCELLED_AT_SHUTDOWN};
 use stats::QueryStats;
 
 /// The name SQL can give the lake's catalog (`lake.glass.events`); it is also the default,
@@ -34,6 +38,10 @@ pub struct Engine {
     lake: Arc<Lake>,
     limits: Limits,
     admission: Admission,
+    /// Set when shutdown begins: no new query starts.
+    draining: AtomicBool,
+    /// Cancelled when the shutdown grace period ends: every query still running fails.
+    shutdown: CancellationToken,
 }
 
 /// The engine's limits (see `config` for each one's meaning and default).
@@ -82,11 +90,43 @@ impl Engine {
             .with_default_features()
             .build();
         let mut ctx = SessionContext::new_with_state(state);
-        ctx.register_catalog(CATALOG, lake.catalog_provider());
+        ctx.register_catalog(CATALOG, system::with_system_schema(lake.catalog_provider()));
         datafusion_functions_json::register_all(&mut ctx)?;
         ctx.register_udaf(functions::approx_top_k());
         let admission = Admission::new(limits.max_concurrent, limits.max_queued, limits.queue_timeout);
-        Ok(Self { ctx, lake, limits, admission })
+        Ok(Self {
+            ctx,
+            lake,
+            limits,
+            admission,
+            draining: AtomicBool::new(false),
+            shutdown: CancellationToken::new(),
+        })
+    }
+
+    /// Stops accepting queries; running ones go on.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Cancels every query still queued, planning or running.
+    pub fn cancel_all(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// The engine's live numbers for `/metrics`.
+    pub fn gauges(&self) -> Gauges {
+        Gauges {
+            running: self.admission.running(),
+            queued: self.admission.queued(),
+            memory_reserved: self.ctx.runtime_env().memory_pool.reserved(),
+            memory_limit: self.limits.memory_limit,
+            draining: self.is_draining(),
+        }
     }
 
     pub fn lake(&self) -> &Arc<Lake> {
@@ -143,15 +183,23 @@ impl Engine {
     /// [`Engine::execute`] with values for the query's `$1`, `$2`, ... parameters.
     pub async fn execute_with(&self, sql: &str, params: Vec<ScalarValue>) -> Result<Query> {
         self.check_text(sql)?;
+        if self.is_draining() {
+            return Err(SkiffError::ShuttingDown("no new queries are accepted; retry".into()));
+        }
         // One deadline covers waiting for a slot, planning, running and streaming.
         let deadline = tokio::time::Instant::now() + self.limits.query_timeout;
-        let permit = self.admission.admit(deadline).await?;
-        let started = tokio::time::timeout_at(deadline, self.start(sql, params))
-            .await
-            .map_err(|_| SkiffError::Timeout)??;
+        let permit = self.admission.admit(deadline, &self.shutdown).await?;
+        let started = tokio::select! {
+            started = tokio::time::timeout_at(deadline, self.start(sql, params)) => {
+                started.map_err(|_| SkiffError::Timeout)??
+            }
+            _ = self.shutdown.cancelled() => {
+                return Err(SkiffError::ShuttingDown(CANCELLED_AT_SHUTDOWN.into()));
+            }
+        };
         Ok(Query {
             schema: started.schema,
-            stream: Box::pin(Bounded::new(started.stream, deadline, permit)),
+            stream: Box::pin(Bounded::new(started.stream, deadline, self.shutdown.clone(), permit)),
             stats: started.stats,
         })
     }

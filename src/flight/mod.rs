@@ -43,7 +43,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::auth::Auth;
 use crate::error::SkiffError;
 use crate::http::AppState;
-use crate::http::query::QueryLog;
+use crate::observe::QueryLog;
 use handle::Statement;
 
 type DoGetStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send + 'static>>;
@@ -133,9 +133,7 @@ impl FlightSqlServer {
         route: &'static str,
     ) -> Result<DoGetStream, Status> {
         let mut log = QueryLog::new(request_id(md), route);
-        if self.state.log_sql {
-            log.sql = Some(stmt.sql.clone());
-        }
+        log.set_sql(&stmt.sql);
         let started = match stmt.params() {
             Ok(params) => self.execute(&stmt.sql, params).await,
             Err(e) => Err(e),
@@ -147,7 +145,7 @@ impl FlightSqlServer {
                 return Err(e.into());
             }
         };
-        log.stats = Some(q.stats.clone());
+        log.set_stats(q.stats.clone());
         let cap = self.state.result_cap();
         let rows = Arc::new(AtomicU64::new(0));
         let counted = rows.clone();

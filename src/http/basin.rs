@@ -11,11 +11,12 @@ use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::query::{Encoder, QueryLog, begin, body_stream, streaming};
+use super::query::{Encoder, begin, body_stream, streaming};
 use super::{AppState, RequestId};
 use crate::encode::{basin, json};
 use crate::engine::stats::QueryStats;
 use crate::error::SkiffError;
+use crate::observe::QueryLog;
 
 pub async fn query(
     State(state): State<Arc<AppState>>,

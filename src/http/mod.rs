@@ -6,7 +6,7 @@ pub mod query;
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -17,6 +17,7 @@ use serde_json::json;
 use crate::auth::Auth;
 use crate::engine::Engine;
 use crate::error::SkiffError;
+use crate::observe::metrics;
 
 /// What every handler shares.
 pub struct AppState {
@@ -26,24 +27,41 @@ pub struct AppState {
     pub max_body_bytes: usize,
     pub max_result_rows: u64,
     pub max_result_bytes: u64,
-    pub log_sql: bool,
+    /// `/metrics` without a token.
+    pub metrics_public: bool,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
-    let authed = Router::new()
+    let mut authed = Router::new()
         .route("/", get(welcome))
         .route("/query", post(query::json_rows))
-        .route("/streaming-query", post(query::arrow_stream))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
-    Router::new()
+        .route("/streaming-query", post(query::arrow_stream));
+    let mut public = Router::new();
+    if state.metrics_public {
+        public = public.route("/metrics", get(prometheus));
+    } else {
+        authed = authed.route("/metrics", get(prometheus));
+    }
+    let authed = authed.route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    public
         .route("/_health", get(health))
         // The Basin route answers auth failures in Basin's envelope, so it checks tokens itself.
         .route("/api/v1/accounts/{account}/basin-sql/query/{bucket}", post(basin::query))
         .route("/api/v1/accounts/{account}/r2-sql/query/{bucket}", post(basin::query))
         .merge(authed)
         .fallback(not_found)
+        .layer(middleware::from_fn(count_request))
         .layer(middleware::from_fn(request_id))
         .with_state(state)
+}
+
+/// Counts each response by the route's pattern (never the raw path: account ids and
+/// scanners' made-up paths would make a label per request).
+async fn count_request(req: Request, next: Next) -> Response {
+    let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_string());
+    let res = next.run(req).await;
+    metrics::http_request(route.as_deref().unwrap_or("unmatched"), res.status().as_u16());
+    res
 }
 
 /// The id of one request: the caller's `x-request-id` when it is sane, else a new UUID.
@@ -79,8 +97,18 @@ async fn require_token(State(state): State<Arc<AppState>>, req: Request, next: N
     }
 }
 
-async fn health() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+/// 503 while shutting down, so a load balancer stops sending queries here.
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    if state.engine.is_draining() {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "draining"}))).into_response();
+    }
+    Json(json!({"status": "ok"})).into_response()
+}
+
+/// Prometheus text exposition.
+async fn prometheus(State(state): State<Arc<AppState>>) -> Response {
+    let body = metrics::render(&state.engine.gauges());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
 
 async fn welcome(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
@@ -97,10 +125,13 @@ async fn welcome(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> 
         "tables": tables,
         "endpoints": [
             "GET /_health",
+            "GET /metrics",
             "POST /query",
             "POST /streaming-query",
             "POST /api/v1/accounts/{account}/basin-sql/query/{bucket}",
+            "POST /api/v1/accounts/{account}/r2-sql/query/{bucket}",
         ],
+        "system_tables": ["system.queries"],
     }))
 }
 

@@ -7,7 +7,6 @@
 //! cancels the query.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -22,8 +21,10 @@ use serde::Deserialize;
 use super::{AppState, RequestId};
 use crate::encode::arrow_ipc::{self, IpcEncoder};
 use crate::encode::json;
+use crate::engine::Query;
 use crate::engine::stats::QueryStats;
 use crate::error::{Result, SkiffError};
+use crate::observe::QueryLog;
 
 /// The body every query route takes. Other fields (Basin clients send `warehouse`) are
 /// accepted and ignored: skiff serves one lake.
@@ -81,12 +82,10 @@ async fn respond<E: Encoder>(
 /// Reads the body and starts its query, noting in the log what it needs.
 pub async fn begin(state: &AppState, headers: &HeaderMap, body: Body, log: &mut QueryLog) -> Result<Started> {
     let body = read_body(headers, body, state.max_body_bytes).await?;
-    if state.log_sql {
-        log.sql = Some(body.query.clone());
-    }
-    let started = start(state, &body.query).await?;
-    log.stats = Some(started.stats.clone());
-    Ok(started)
+    log.set_sql(&body.query);
+    let query = state.engine.execute(&body.query).await?;
+    log.set_stats(query.stats.clone());
+    first_batch(query).await
 }
 
 /// A 200 response whose body is the given stream.
@@ -141,8 +140,8 @@ pub struct Started {
     pub stats: Arc<QueryStats>,
 }
 
-pub async fn start(state: &AppState, sql: &str) -> Result<Started> {
-    let mut q = state.engine.execute(sql).await?;
+/// Waits for a started query's first batch.
+pub async fn first_batch(mut q: Query) -> Result<Started> {
     // The first batch with rows, or none: `first == None` means the result is empty.
     let first = loop {
         match q.stream.next().await {
@@ -341,87 +340,5 @@ impl<E> BodyState<E> {
 impl From<arrow::error::ArrowError> for SkiffError {
     fn from(e: arrow::error::ArrowError) -> Self {
         SkiffError::Internal(format!("encoding the result: {e}"))
-    }
-}
-
-/// The one log line of a query, written when it ends however it ends (a stream dropped
-/// before its end means the client went away).
-pub struct QueryLog {
-    request_id: String,
-    route: &'static str,
-    started: Instant,
-    pub rows: u64,
-    pub bytes: u64,
-    pub truncated: bool,
-    pub sql: Option<String>,
-    pub stats: Option<Arc<QueryStats>>,
-    done: bool,
-}
-
-impl QueryLog {
-    pub fn new(request_id: String, route: &'static str) -> Self {
-        Self {
-            request_id,
-            route,
-            started: Instant::now(),
-            rows: 0,
-            bytes: 0,
-            truncated: false,
-            sql: None,
-            stats: None,
-            done: false,
-        }
-    }
-
-    /// Whether the line has been written.
-    pub fn done(&self) -> bool {
-        self.done
-    }
-
-    pub fn finish(&mut self, outcome: Result<(), &SkiffError>) {
-        if self.done {
-            return;
-        }
-        self.done = true;
-        let (outcome, error) = match outcome {
-            Ok(()) => ("ok", None),
-            Err(e) => (e.code(), Some(e.to_string())),
-        };
-        self.emit(outcome, error);
-    }
-
-    fn emit(&self, outcome: &str, error: Option<String>) {
-        let stats = self.stats.clone().unwrap_or_default();
-        let snapshots: Vec<String> = stats
-            .snapshots()
-            .into_iter()
-            .map(|(t, s)| format!("{t}@{}", s.map(|s| s.to_string()).unwrap_or_else(|| "empty".into())))
-            .collect();
-        tracing::info!(
-            target: "skiff::query",
-            request_id = %self.request_id,
-            route = self.route,
-            outcome,
-            duration_ms = self.started.elapsed().as_millis() as u64,
-            rows = self.rows,
-            bytes_sent = self.bytes,
-            truncated = self.truncated,
-            files_planned = stats.files_planned(),
-            files_scanned = stats.files_scanned(),
-            bytes_scanned = stats.bytes_scanned(),
-            snapshots = %snapshots.join(","),
-            error = error.as_deref(),
-            sql = self.sql.as_deref(),
-            "query"
-        );
-    }
-}
-
-impl Drop for QueryLog {
-    fn drop(&mut self) {
-        if !self.done {
-            self.done = true;
-            self.emit("cancelled", None);
-        }
     }
 }

@@ -21,6 +21,7 @@ use iceberg::table::Table;
 use iceberg::{Catalog, NamespaceIdent, TableIdent};
 
 use crate::error::SkiffError;
+use crate::observe::metrics;
 use table::{PhysicalTable, VersionedTable};
 use versions::{PinnedVersions, split_version, version_name};
 
@@ -76,6 +77,7 @@ impl Lake {
                 tick.tick().await;
                 let Some(lake) = weak.upgrade() else { return };
                 if let Err(e) = lake.refresh().await {
+                    metrics::catalog_error("refresh");
                     tracing::warn!(error = %e, "refreshing the table list failed; keeping the last one");
                 }
             }
@@ -262,9 +264,15 @@ impl SchemaProvider for LakeSchema {
         self.lake.table_names(&self.ns)
     }
 
+    /// The table list is a cache of the catalog's: a name it lacks is looked up again.
     async fn table(&self, name: &str) -> DFResult<Option<Arc<dyn TableProvider>>> {
-        if let Some(t) = self.lake.resolve(&self.ns, name).await.map_err(to_df)? {
-            return Ok(Some(t));
+        if self.table_exist(name) {
+            metrics::cache_hit("table_list");
+            if let Some(t) = self.lake.resolve(&self.ns, name).await.map_err(to_df)? {
+                return Ok(Some(t));
+            }
+        } else {
+            metrics::cache_miss("table_list");
         }
         self.lake.relist(&self.ns).await.map_err(to_df)?;
         self.lake.resolve(&self.ns, name).await.map_err(to_df)

@@ -210,6 +210,30 @@ impl Server {
         )
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal (`TERM`, `INT`) to the process.
+    pub fn signal(&self, name: &str) {
+        let ok = Command::new("kill").arg(format!("-{name}")).arg(self.child.id().to_string()).status();
+        assert!(ok.is_ok_and(|s| s.success()), "kill -{name} failed");
+    }
+
+    /// Waits up to `within` for the process to exit.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Sends SIGTERM and waits for the process to exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
