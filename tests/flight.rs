@@ -90,9 +90,23 @@ fn statements_match_http_over_the_versioned_union() {
     rt().block_on(async {
         let mut c = client(s).await;
         let q = "SELECT event, count(*) AS n FROM glass.events GROUP BY event ORDER BY event";
+        c.set_header("x-request-id", "flight-once-7f3a");
         let got = pairs(&sql(&mut c, q).await);
         assert!(got.len() > 3, "{got:?}");
         assert_eq!(got, http_pairs(s, q, "event", "n"));
+        // GetFlightInfo only planned: the query ran once, in DoGet.
+        let lines = eventually(10, || {
+            let log = s.log_text();
+            let lines: Vec<String> =
+                log.lines().filter(|l| l.contains("flight-once-7f3a")).map(String::from).collect();
+            (!lines.is_empty()).then_some(lines)
+        });
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].contains("route=\"flight:statement\"") && lines[0].contains("outcome=\"ok\""),
+            "{lines:?}"
+        );
+        c.set_header("x-request-id", "");
         // The union's newer-version column and a Basin JSON function, as over HTTP.
         let q = "SELECT coalesce(json_get_str(props, 'plan'), '-') AS plan, count(utm_source) AS n \
                  FROM glass.events GROUP BY 1 ORDER BY 1";
@@ -208,10 +222,18 @@ fn metadata_calls_list_what_sql_sees() {
         let flight_cols: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
         assert_eq!(flight_cols, http_cols);
 
-        // A type filter that matches nothing lists nothing.
+        // The type filter: the lake's tables are TABLEs, skiff's own `system.queries` a VIEW.
         let cmd = CommandGetTables { table_types: vec!["VIEW".into()], ..Default::default() };
         let info = c.get_tables(cmd).await.unwrap();
-        assert_eq!(fetch(&mut c, info).await.iter().map(|b| b.num_rows()).sum::<usize>(), 0);
+        let views: Vec<String> = fetch(&mut c, info)
+            .await
+            .iter()
+            .flat_map(|b| {
+                let (s, t) = (b.column(1).as_string::<i32>(), b.column(2).as_string::<i32>());
+                (0..b.num_rows()).map(|i| format!("{}.{}", s.value(i), t.value(i))).collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(views, ["system.queries"]);
 
         let info = c.get_table_types().await.unwrap();
         let types: Vec<String> = fetch(&mut c, info)
@@ -359,11 +381,7 @@ fn limits_apply_as_over_http() {
         let mut held = c.do_get(req(ticket.clone(), &auth)).await.unwrap().into_inner();
         let _first = held.message().await.unwrap();
         let (mut c2, _) = raw(&s, Some(TOKEN)).await;
-        let code = match c2.do_get(req(ticket.clone(), &auth)).await {
-            Ok(r) => r.into_inner().message().await.map(|_| ()).unwrap_err().code(),
-            Err(e) => e.code(),
-        };
-        assert_eq!(code, Code::ResourceExhausted);
+        assert_eq!(do_get_code(&mut c2, &auth, ticket.clone()).await, Code::ResourceExhausted);
         // The client goes away: its query is cancelled and the slot frees.
         drop(held);
         drop(c);
@@ -392,9 +410,53 @@ fn limits_apply_as_over_http() {
     });
     rt().block_on(async {
         let (mut c, auth) = raw(&s, Some(TOKEN)).await;
-        let code = info_code(&mut c, &auth, statement("SELECT count(*) FROM glass.events")).await;
+        // Planning alone may beat 1 ms; then the execution cannot.
+        let q = "SELECT count(DISTINCT event_id) FROM glass.events";
+        let code = match c.get_flight_info(req(statement(q), &auth)).await {
+            Ok(info) => {
+                do_get_code(&mut c, &auth, info.into_inner().endpoint[0].ticket.clone().unwrap()).await
+            }
+            Err(e) => e.code(),
+        };
         assert_eq!(code, Code::DeadlineExceeded);
     });
+    drop(s);
+
+    // Storage that fails mid-query is Unavailable (a data file gone from under the table).
+    let s = Server::lake(dir.path());
+    let file = walk(&dir.path().join("warehouse"))
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == "parquet") && p.to_string_lossy().contains("/events/"));
+    std::fs::remove_file(file.expect("a data file")).unwrap();
+    rt().block_on(async {
+        let (mut c, auth) = raw(&s, Some(TOKEN)).await;
+        let t = ticket_for("SELECT max(event_id) FROM glass.events", &mut c, &auth).await;
+        assert_eq!(do_get_code(&mut c, &auth, t).await, Code::Unavailable);
+    });
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() { out.extend(walk(&p)) } else { out.push(p) }
+    }
+    out
+}
+
+/// The status a whole `DoGet` ends with, whether it fails at once or mid-stream.
+async fn do_get_code(c: &mut FlightServiceClient<Channel>, auth: &Option<String>, t: Ticket) -> Code {
+    let mut stream = match c.do_get(req(t, auth)).await {
+        Ok(r) => r.into_inner(),
+        Err(e) => return e.code(),
+    };
+    loop {
+        match stream.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => return Code::Ok,
+            Err(e) => return e.code(),
+        }
+    }
 }
 
 async fn ticket_for(q: &str, c: &mut FlightServiceClient<Channel>, auth: &Option<String>) -> Ticket {
