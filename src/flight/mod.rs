@@ -34,7 +34,6 @@ use arrow_flight::{
     IpcMessage, SchemaAsIpc, Ticket,
 };
 use base64::Engine as _;
-use datafusion::common::ScalarValue;
 use futures::{Stream, StreamExt, TryStreamExt};
 use prost::Message;
 use tonic::metadata::{MetadataMap, MetadataValue};
@@ -135,7 +134,7 @@ impl FlightSqlServer {
         let mut log = QueryLog::new(request_id(md), route);
         log.set_sql(&stmt.sql);
         let started = match stmt.params() {
-            Ok(params) => self.execute(&stmt.sql, params).await,
+            Ok(params) => self.state.engine.execute_with(&stmt.sql, params).await,
             Err(e) => Err(e),
         };
         let q = match started {
@@ -206,10 +205,6 @@ impl FlightSqlServer {
             },
         );
         Ok(Box::pin(logged))
-    }
-
-    async fn execute(&self, sql: &str, params: Vec<ScalarValue>) -> Result<crate::engine::Query, SkiffError> {
-        self.state.engine.execute_with(sql, params).await
     }
 
     /// A one-batch answer (metadata listings), encoded as Flight data.
