@@ -199,6 +199,9 @@ impl SkiffError {
         match e.kind() {
             K::TableNotFound | K::NamespaceNotFound => Self::TableNotFound(message),
             K::DataInvalid | K::FeatureUnsupported | K::PreconditionFailed => Self::InvalidQuery(message),
+            // The store answered, but the file is shorter than the table's metadata says:
+            // the file is broken, retrying will not help.
+            _ if shorter_than_listed(&message) || invalid_data_inside(e) => Self::DataError(message),
             _ => Self::Unavailable {
                 dependency: if message.contains("catalog") { "catalog" } else { "object store" },
                 message,
@@ -221,6 +224,9 @@ impl SkiffError {
             Self::Overloaded(m) => Self::Overloaded(m.clone()),
             Self::InvalidQuery(m) => Self::InvalidQuery(m.clone()),
             Self::ReadOnly(m) => Self::ReadOnly(m.clone()),
+            Self::DataError(m) => Self::DataError(m.clone()),
+            Self::BadRequest(m) => Self::BadRequest(m.clone()),
+            Self::ResourcesExhausted(m) => Self::ResourcesExhausted(m.clone()),
             other => Self::Internal(other.to_string()),
         }
     }
@@ -236,6 +242,26 @@ impl From<iceberg::Error> for SkiffError {
     fn from(e: iceberg::Error) -> Self {
         Self::from_iceberg(&e)
     }
+}
+
+/// opendal's words for a read past a file's end ("reader got too little data", an S3 416):
+/// the file is shorter than the size its manifest lists. A body cut short in transit is
+/// "http response got too little data" instead, and is an outage (opendal retries it).
+fn shorter_than_listed(m: &str) -> bool {
+    m.contains("reader got too little data") || m.contains("RangeNotSatisfied")
+}
+
+/// A file that was read but could not be decoded (a corrupt manifest or manifest list)
+/// arrives as an I/O-kind error whose cause is `DataInvalid`.
+fn invalid_data_inside(e: &iceberg::Error) -> bool {
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if c.downcast_ref::<iceberg::Error>().is_some_and(|ie| ie.kind() == iceberg::ErrorKind::DataInvalid) {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// The table a "not found" planning error names, if that is what it is.

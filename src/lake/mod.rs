@@ -119,6 +119,10 @@ impl Lake {
                 SkiffError::TableNotFound(_) => {
                     SkiffError::TableNotFound(format!("table not found: {ns}.{name}"))
                 }
+                // The catalog answered, but the table's metadata file does not parse.
+                SkiffError::InvalidQuery(_) if e.kind() == iceberg::ErrorKind::DataInvalid => {
+                    SkiffError::DataError(format!("the metadata file of {ns}.{name} is unreadable: {}", e))
+                }
                 SkiffError::Unavailable { .. } => SkiffError::Unavailable {
                     dependency: "catalog",
                     message: format!("loading {ns}.{name}: {}", e.message()),
