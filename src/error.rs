@@ -25,6 +25,8 @@ pub enum SkiffError {
     ReadOnly(String),
     #[error("not found: {0}")]
     RouteNotFound(String),
+    #[error("method not allowed: {0}")]
+    MethodNotAllowed(String),
     #[error("{dependency} is unavailable: {message}")]
     Unavailable { dependency: &'static str, message: String },
     #[error("query exceeded the memory limit: {0}")]
@@ -74,6 +76,7 @@ impl SkiffError {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::TableNotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::ResourcesExhausted(_) => StatusCode::INSUFFICIENT_STORAGE,
             Self::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -113,6 +116,7 @@ impl SkiffError {
             Self::TableNotFound(_) => "table_not_found",
             Self::ReadOnly(_) => "read_only",
             Self::RouteNotFound(_) => "not_found",
+            Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::Unavailable { .. } => "unavailable",
             Self::ResourcesExhausted(_) => "resources_exhausted",
             Self::Overloaded(_) => "overloaded",
@@ -140,6 +144,7 @@ impl SkiffError {
             | Self::InvalidQuery(_)
             | Self::ReadOnly(_)
             | Self::RouteNotFound(_)
+            | Self::MethodNotAllowed(_)
             | Self::ResultTooLarge(_)
             | Self::DataError(_)
             | Self::ResourcesExhausted(_) => 40004,
@@ -201,7 +206,12 @@ impl SkiffError {
             K::DataInvalid | K::FeatureUnsupported | K::PreconditionFailed => Self::InvalidQuery(message),
             // The store answered, but the file is shorter than the table's metadata says:
             // the file is broken, retrying will not help.
-            _ if shorter_than_listed(&message) || invalid_data_inside(e) => Self::DataError(message),
+            _ if shorter_than_listed(&message)
+                || invalid_data_inside(e)
+                || message.contains("source: DataInvalid") =>
+            {
+                Self::DataError(message)
+            }
             _ => Self::Unavailable {
                 dependency: if message.contains("catalog") { "catalog" } else { "object store" },
                 message,
