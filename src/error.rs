@@ -25,6 +25,8 @@ pub enum SkiffError {
     ReadOnly(String),
     #[error("not found: {0}")]
     RouteNotFound(String),
+    #[error("method not allowed: {0}")]
+    MethodNotAllowed(String),
     #[error("{dependency} is unavailable: {message}")]
     Unavailable { dependency: &'static str, message: String },
     #[error("query exceeded the memory limit: {0}")]
@@ -78,6 +80,7 @@ impl SkiffError {
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::TableNotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Self::Unavailable { .. } | Self::ShuttingDown(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::ResourcesExhausted(_) => StatusCode::INSUFFICIENT_STORAGE,
             Self::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -105,6 +108,7 @@ impl SkiffError {
             | Self::SqlSyntax(_)
             | Self::InvalidQuery(_)
             | Self::UnsupportedMediaType(_) => Code::InvalidArgument,
+            Self::MethodNotAllowed(_) => Code::Unimplemented,
             Self::TableNotFound(_) | Self::RouteNotFound(_) => Code::NotFound,
             Self::Unauthorized => Code::Unauthenticated,
             Self::ReadOnly(_) => Code::PermissionDenied,
@@ -139,6 +143,7 @@ impl SkiffError {
             Self::TableNotFound(_) => "table_not_found",
             Self::ReadOnly(_) => "read_only",
             Self::RouteNotFound(_) => "not_found",
+            Self::MethodNotAllowed(_) => "method_not_allowed",
             Self::Unavailable { .. } => "unavailable",
             Self::ResourcesExhausted(_) => "resources_exhausted",
             Self::Overloaded(_) => "overloaded",
@@ -167,6 +172,7 @@ impl SkiffError {
             | Self::InvalidQuery(_)
             | Self::ReadOnly(_)
             | Self::RouteNotFound(_)
+            | Self::MethodNotAllowed(_)
             | Self::ResultTooLarge(_)
             | Self::DataError(_)
             | Self::ResourcesExhausted(_) => 40004,
@@ -226,6 +232,14 @@ impl SkiffError {
         match e.kind() {
             K::TableNotFound | K::NamespaceNotFound => Self::TableNotFound(message),
             K::DataInvalid | K::FeatureUnsupported | K::PreconditionFailed => Self::InvalidQuery(message),
+            // The store answered, but the file is shorter than the table's metadata says:
+            // the file is broken, retrying will not help.
+            _ if shorter_than_listed(&message)
+                || invalid_data_inside(e)
+                || message.contains("source: DataInvalid") =>
+            {
+                Self::DataError(message)
+            }
             _ => Self::Unavailable {
                 dependency: if message.contains("catalog") { "catalog" } else { "object store" },
                 message,
@@ -249,6 +263,9 @@ impl SkiffError {
             Self::Overloaded(m) => Self::Overloaded(m.clone()),
             Self::InvalidQuery(m) => Self::InvalidQuery(m.clone()),
             Self::ReadOnly(m) => Self::ReadOnly(m.clone()),
+            Self::DataError(m) => Self::DataError(m.clone()),
+            Self::BadRequest(m) => Self::BadRequest(m.clone()),
+            Self::ResourcesExhausted(m) => Self::ResourcesExhausted(m.clone()),
             other => Self::Internal(other.to_string()),
         }
     }
@@ -282,6 +299,26 @@ impl From<iceberg::Error> for SkiffError {
     fn from(e: iceberg::Error) -> Self {
         Self::from_iceberg(&e)
     }
+}
+
+/// opendal's words for a read past a file's end ("reader got too little data", an S3 416):
+/// the file is shorter than the size its manifest lists. A body cut short in transit is
+/// "http response got too little data" instead, and is an outage (opendal retries it).
+fn shorter_than_listed(m: &str) -> bool {
+    m.contains("reader got too little data") || m.contains("RangeNotSatisfied")
+}
+
+/// A file that was read but could not be decoded (a corrupt manifest or manifest list)
+/// arrives as an I/O-kind error whose cause is `DataInvalid`.
+fn invalid_data_inside(e: &iceberg::Error) -> bool {
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if c.downcast_ref::<iceberg::Error>().is_some_and(|ie| ie.kind() == iceberg::ErrorKind::DataInvalid) {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// The table a "not found" planning error names, if that is what it is.

@@ -49,6 +49,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/v1/accounts/{account}/basin-sql/query/{bucket}", post(basin::query))
         .route("/api/v1/accounts/{account}/r2-sql/query/{bucket}", post(basin::query))
         .merge(authed)
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(middleware::from_fn(count_request))
         .layer(middleware::from_fn(request_id))
@@ -133,6 +134,11 @@ async fn welcome(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> 
         ],
         "system_tables": ["system.queries"],
     }))
+}
+
+/// axum's own 405 has an empty body; every error here has the JSON envelope.
+async fn method_not_allowed(req: Request) -> Response {
+    SkiffError::MethodNotAllowed(format!("{} {}", req.method(), req.uri().path())).into_response()
 }
 
 async fn not_found(req: Request) -> Response {

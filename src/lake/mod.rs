@@ -121,6 +121,18 @@ impl Lake {
                 SkiffError::TableNotFound(_) => {
                     SkiffError::TableNotFound(format!("table not found: {ns}.{name}"))
                 }
+                // The catalog answered, but the table's metadata file does not parse.
+                SkiffError::InvalidQuery(_) if e.kind() == iceberg::ErrorKind::DataInvalid => {
+                    SkiffError::DataError(format!("the metadata file of {ns}.{name} is unreadable: {}", e))
+                }
+                // A SQL catalog reads the metadata file itself: an I/O failure there is the
+                // object store's, and its context names the file.
+                SkiffError::Unavailable { .. } if e.message().contains("io operation") => {
+                    SkiffError::Unavailable {
+                        dependency: "object store",
+                        message: format!("loading {ns}.{name}: {e}"),
+                    }
+                }
                 SkiffError::Unavailable { .. } => SkiffError::Unavailable {
                     dependency: "catalog",
                     message: format!("loading {ns}.{name}: {}", e.message()),
