@@ -4,6 +4,8 @@
 //! table is queryable at once); each query loads the tables it names afresh, so it always
 //! reads the current snapshot. A table that fails to load fails only the queries that use it.
 
+pub mod cache;
+mod file_stats;
 pub mod scan;
 mod table;
 pub mod versions;
@@ -21,6 +23,7 @@ use iceberg::table::Table;
 use iceberg::{Catalog, NamespaceIdent, TableIdent};
 
 use crate::error::SkiffError;
+use cache::Caches;
 use crate::observe::metrics;
 use table::{PhysicalTable, VersionedTable};
 use versions::{PinnedVersions, split_version, version_name};
@@ -30,6 +33,7 @@ type Listing = BTreeMap<String, BTreeSet<String>>;
 
 pub struct Lake {
     catalog: Arc<dyn Catalog>,
+    caches: Arc<Caches>,
     pinned: PinnedVersions,
     listing: RwLock<Listing>,
 }
@@ -43,7 +47,7 @@ impl std::fmt::Debug for Lake {
 impl Lake {
     /// Connects the lake and lists its tables once.
     pub async fn new(catalog: Arc<dyn Catalog>, pinned: PinnedVersions) -> Result<Arc<Self>, SkiffError> {
-        let lake = Arc::new(Self { catalog, pinned, listing: RwLock::default() });
+        let lake = Arc::new(Self { catalog, caches: Arc::default(), pinned, listing: RwLock::default() });
         lake.refresh().await?;
         Ok(lake)
     }
@@ -112,10 +116,11 @@ impl Lake {
         Arc::new(LakeCatalog(self.clone()))
     }
 
-    /// Loads a table's current metadata from the catalog.
+    /// Loads a table's current metadata from the catalog (reusing the table loaded before
+    /// when its metadata file has not changed).
     pub async fn load(&self, ns: &str, name: &str) -> Result<Table, SkiffError> {
         let ident = TableIdent::new(NamespaceIdent::new(ns.to_string()), name.to_string());
-        self.catalog.load_table(&ident).await.map_err(|e| {
+        let fresh = self.catalog.load_table(&ident).await.map_err(|e| {
             let err = SkiffError::from_iceberg(&e);
             match err {
                 SkiffError::TableNotFound(_) => {
@@ -139,7 +144,8 @@ impl Lake {
                 },
                 other => other,
             }
-        })
+        })?;
+        Ok(self.caches.table(fresh))
     }
 
     /// Resolves a name SQL used: a versioned base, a physical table, or `<base>_v1`.
@@ -150,7 +156,7 @@ impl Lake {
         match versions {
             Resolved::Physical(physical) => {
                 let table = self.load(ns, &physical).await?;
-                Ok(Some(Arc::new(PhysicalTable::try_new(table)?)))
+                Ok(Some(Arc::new(PhysicalTable::try_new(table, self.caches.clone())?)))
             }
             Resolved::Versions(base, list) => {
                 let mut tables = Vec::with_capacity(list.len());
@@ -170,7 +176,7 @@ impl Lake {
                     }
                     tables.push(self.load(ns, &physical).await?);
                 }
-                Ok(Some(Arc::new(VersionedTable::try_new(tables)?)))
+                Ok(Some(Arc::new(VersionedTable::try_new(tables, &self.caches)?)))
             }
         }
     }

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use datafusion::catalog::Session;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNode;
-use datafusion::common::{DFSchema, Statistics};
+use datafusion::common::{DFSchema, ScalarValue, Statistics};
 use datafusion::config::TableParquetOptions;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::parquet::ParquetFileReaderFactory;
@@ -44,6 +44,8 @@ use parquet::arrow::arrow_reader::ArrowReaderOptions;
 use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::file::metadata::ParquetMetaData;
 
+use super::cache::Caches;
+use super::file_stats::{self, SnapshotFiles};
 use crate::engine::stats::QueryStats;
 
 /// The Arrow schema skiff exposes for an Iceberg table: Iceberg's own mapping, without the
@@ -72,6 +74,7 @@ pub fn pushdown(filters: &[&Expr]) -> Vec<TableProviderFilterPushDown> {
 pub async fn scan(
     table: &Table,
     schema: &SchemaRef,
+    caches: &Arc<Caches>,
     state: &dyn Session,
     projection: Option<&Vec<usize>>,
     filters: &[Expr],
@@ -96,7 +99,16 @@ pub async fn scan(
     if tasks.iter().any(|t| !t.deletes.is_empty()) || has_evolved(table) {
         return iceberg_reader_scan(table, projected, tasks, state.config().target_partitions());
     }
-    parquet_scan(table, schema, state, projection, filters, limit, tasks, stats)
+    // Statistics are an optimisation: without them the scan is slower, never wrong.
+    let files = match file_stats::snapshot_files(table, schema, caches).await {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::warn!(table = %table.identifier(), error = %e, "no file statistics for this scan");
+            None
+        }
+    };
+    let scan = ParquetScan { table, schema, caches, files: files.as_deref(), stats };
+    scan.build(state, projection, filters, limit, tasks)
 }
 
 /// Iceberg's planning: prunes manifests, partitions and files by the filters it can take.
@@ -141,60 +153,118 @@ fn has_evolved(table: &Table) -> bool {
     table.metadata().schemas_iter().len() > 1
 }
 
-#[allow(clippy::too_many_arguments)]
-fn parquet_scan(
-    table: &Table,
-    schema: &SchemaRef,
-    state: &dyn Session,
-    projection: Option<&Vec<usize>>,
-    filters: &[Expr],
-    limit: Option<usize>,
-    tasks: Vec<FileScanTask>,
+struct ParquetScan<'a> {
+    table: &'a Table,
+    schema: &'a SchemaRef,
+    caches: &'a Arc<Caches>,
+    files: Option<&'a SnapshotFiles>,
     stats: Arc<QueryStats>,
-) -> DFResult<Arc<dyn ExecutionPlan>> {
-    let partitions = state.config().target_partitions().max(1);
-    let total_rows: u64 = tasks.iter().map(|t| t.record_count.unwrap_or(0)).sum();
-    let rows_known = tasks.iter().all(|t| t.record_count.is_some());
-    let groups = split_into_groups(tasks, partitions);
+}
 
-    let options = TableParquetOptions {
-        global: state.config_options().execution.parquet.clone(),
-        ..Default::default()
-    };
-    let factory = Arc::new(FileIoReaderFactory { file_io: table.file_io().clone(), stats });
-    let mut source = ParquetSource::new(schema.clone())
-        .with_table_parquet_options(options)
-        .with_parquet_file_reader_factory(factory);
-    if let Some(predicate) = conjunction(filters.iter().cloned()) {
-        let df_schema = DFSchema::try_from(schema.as_ref().clone())?;
-        source = source.with_predicate(state.create_physical_expr(predicate, &df_schema)?);
+impl ParquetScan<'_> {
+    fn build(
+        self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+        tasks: Vec<FileScanTask>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        let schema = self.schema;
+        let partitions = state.config().target_partitions().max(1);
+        let total_rows: u64 = tasks.iter().map(|t| t.record_count.unwrap_or(0)).sum();
+        let rows_known = tasks.iter().all(|t| t.record_count.is_some());
+        // Manifest statistics of every planned file, when each one has them.
+        let per_file: Option<Vec<&Statistics>> = self.files.and_then(|files| {
+            tasks
+                .iter()
+                .map(|t| whole_file(t).then(|| files.get(&t.data_file_path)).flatten())
+                .map(|s| s.map(|s| s.as_ref()))
+                .collect()
+        });
+        let statistics = match &per_file {
+            Some(all) => file_stats::merge(all, schema),
+            None => Statistics::new_unknown(schema).with_num_rows(if rows_known {
+                Precision::Exact(total_rows as usize)
+            } else {
+                Precision::Absent
+            }),
+        };
+        let groups = split_into_groups(tasks, partitions, self.files);
+
+        let options = TableParquetOptions {
+            global: state.config_options().execution.parquet.clone(),
+            ..Default::default()
+        };
+        let factory = Arc::new(FileIoReaderFactory {
+            file_io: self.table.file_io().clone(),
+            stats: self.stats,
+            caches: self.caches.clone(),
+        });
+        let mut source = ParquetSource::new(schema.clone())
+            .with_table_parquet_options(options)
+            .with_parquet_file_reader_factory(factory);
+        if let Some(predicate) = conjunction(filters.iter().cloned()) {
+            let df_schema = DFSchema::try_from(schema.as_ref().clone())?;
+            source = source.with_predicate(state.create_physical_expr(predicate, &df_schema)?);
+        }
+        let config = FileScanConfigBuilder::new(ObjectStoreUrl::local_filesystem(), Arc::new(source))
+            .with_file_groups(groups)
+            .with_projection_indices(projection.cloned())?
+            .with_statistics(statistics)
+            .with_limit(limit)
+            .build();
+        Ok(DataSourceExec::from_data_source(config))
     }
-    let statistics = Statistics::new_unknown(schema).with_num_rows(if rows_known {
-        Precision::Exact(total_rows as usize)
-    } else {
-        Precision::Absent
-    });
-    let config = FileScanConfigBuilder::new(ObjectStoreUrl::local_filesystem(), Arc::new(source))
-        .with_file_groups(groups)
-        .with_projection_indices(projection.cloned())?
-        .with_statistics(statistics)
-        .with_limit(limit)
-        .build();
-    Ok(DataSourceExec::from_data_source(config))
+}
+
+/// Whether a task reads its whole file, so the file's statistics are the task's.
+fn whole_file(t: &FileScanTask) -> bool {
+    t.start == 0 && t.length == t.file_size_in_bytes
 }
 
 /// Spreads files over `n` groups by size (largest first onto the lightest group), so every
-/// core gets a similar share of bytes.
-fn split_into_groups(mut tasks: Vec<FileScanTask>, n: usize) -> Vec<FileGroup> {
+/// core gets a similar share of bytes. Each file carries its manifest statistics, so a top-k
+/// can skip files whose bounds cannot beat what it already holds.
+fn split_into_groups(
+    mut tasks: Vec<FileScanTask>,
+    n: usize,
+    files: Option<&SnapshotFiles>,
+) -> Vec<FileGroup> {
     tasks.sort_by(|a, b| b.length.cmp(&a.length).then_with(|| a.data_file_path.cmp(&b.data_file_path)));
     let mut groups: Vec<(u64, Vec<PartitionedFile>)> =
         (0..n.min(tasks.len())).map(|_| (0, Vec::new())).collect();
     for t in tasks {
         let g = groups.iter_mut().min_by_key(|(bytes, _)| *bytes).expect("at least one group");
         g.0 += t.length;
-        g.1.push(partitioned_file(&t));
+        let mut f = partitioned_file(&t);
+        if let Some(st) = files.filter(|_| whole_file(&t)).and_then(|files| files.get(&t.data_file_path)) {
+            f = f.with_statistics(st.clone());
+        }
+        g.1.push(f);
     }
-    groups.into_iter().map(|(_, files)| FileGroup::new(files)).collect()
+    groups
+        .into_iter()
+        .map(|(_, mut files)| {
+            newest_first(&mut files);
+            FileGroup::new(files)
+        })
+        .collect()
+}
+
+/// Orders a group's files by the upper bound of the table's first timestamp column, newest
+/// first. The scan declares no order, so this changes no answer; but "latest events" (a
+/// top-k on time) then fills its heap from the first files, and its dynamic filter prunes the
+/// rest by their bounds without opening them.
+fn newest_first(files: &mut [PartitionedFile]) {
+    let newest = |f: &PartitionedFile| -> Option<i64> {
+        f.statistics.as_ref()?.column_statistics.iter().find_map(|c| match c.max_value.get_value()? {
+            ScalarValue::TimestampMicrosecond(Some(t), _) => Some(*t),
+            ScalarValue::TimestampNanosecond(Some(t), _) => Some(*t / 1000),
+            _ => None,
+        })
+    };
+    files.sort_by_cached_key(|f| std::cmp::Reverse(newest(f)));
 }
 
 /// A planned file for DataFusion. Its object-store path is only a label: the reader
@@ -220,6 +290,7 @@ fn partitioned_file(t: &FileScanTask) -> PartitionedFile {
 struct FileIoReaderFactory {
     file_io: FileIO,
     stats: Arc<QueryStats>,
+    caches: Arc<Caches>,
 }
 
 impl ParquetFileReaderFactory for FileIoReaderFactory {
@@ -244,6 +315,7 @@ impl ParquetFileReaderFactory for FileIoReaderFactory {
             input,
             inner: None,
             stats: self.stats.clone(),
+            caches: self.caches.clone(),
         }))
     }
 }
@@ -256,6 +328,7 @@ struct CountingReader {
     input: iceberg::io::InputFile,
     inner: Option<ArrowFileReader>,
     stats: Arc<QueryStats>,
+    caches: Arc<Caches>,
 }
 
 impl CountingReader {
@@ -303,9 +376,15 @@ impl AsyncFileReader for CountingReader {
         options: Option<&'a ArrowReaderOptions>,
     ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
         async move {
+            // A data file never changes at its path, so neither does its footer.
+            if let Some(m) = self.caches.footer(&self.location).await {
+                return Ok(m);
+            }
             self.count(1, 0);
             let location = self.location.clone();
-            self.reader().await?.get_metadata(options).await.map_err(|e| in_file(e, &location))
+            let m = self.reader().await?.get_metadata(options).await.map_err(|e| in_file(e, &location))?;
+            self.caches.put_footer(location, m.clone()).await;
+            Ok(m)
         }
         .boxed()
     }

@@ -18,6 +18,7 @@ use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr};
 use iceberg::table::Table;
 
+use super::cache::Caches;
 use super::scan;
 use super::versions::union_schema;
 use crate::error::SkiffError;
@@ -26,12 +27,13 @@ use crate::error::SkiffError;
 pub struct PhysicalTable {
     table: Table,
     schema: SchemaRef,
+    caches: Arc<Caches>,
 }
 
 impl PhysicalTable {
-    pub fn try_new(table: Table) -> Result<Self, SkiffError> {
+    pub fn try_new(table: Table, caches: Arc<Caches>) -> Result<Self, SkiffError> {
         let schema = scan::arrow_schema(&table)?;
-        Ok(Self { table, schema })
+        Ok(Self { table, schema, caches })
     }
 }
 
@@ -60,7 +62,7 @@ impl TableProvider for PhysicalTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
-        scan::scan(&self.table, &self.schema, state, projection, filters, limit).await
+        scan::scan(&self.table, &self.schema, &self.caches, state, projection, filters, limit).await
     }
 }
 
@@ -74,8 +76,11 @@ pub struct VersionedTable {
 }
 
 impl VersionedTable {
-    pub fn try_new(tables: Vec<Table>) -> Result<Self, SkiffError> {
-        let versions = tables.into_iter().map(PhysicalTable::try_new).collect::<Result<Vec<_>, _>>()?;
+    pub fn try_new(tables: Vec<Table>, caches: &Arc<Caches>) -> Result<Self, SkiffError> {
+        let versions = tables
+            .into_iter()
+            .map(|t| PhysicalTable::try_new(t, caches.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
         let named: Vec<_> =
             versions.iter().map(|v| (v.table.identifier().to_string(), v.schema.clone())).collect();
         let schema = union_schema(&named).map_err(SkiffError::InvalidQuery)?;

@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""skiff against DuckDB on the same lakes (driven by scripts/bench, which builds skiff first).
+
+For each lake size: makes the lake with ../shared/bench/gen_lake.py unless it is cached, starts
+`skiff serve` on it, and measures
+- start to /_health ready;
+- the first query after start (trends) against the same query warm;
+- ../shared/bench/bench.py, side by side with DuckDB (iceberg extension), over the benchmark's
+  query kinds, skiff's own (tests/queries) and the metadata-only aggregates (count(*), min/max
+  of a column over the whole versioned table);
+- skiff's peak resident memory over the whole run (VmHWM).
+Prints one markdown table per lake and a summary; --json writes everything measured.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.environ.get("SKIFF_SHARED_DIR", os.path.join(os.path.dirname(ROOT), "shared"))
+TOKEN = "bench-token"
+
+METADATA_QUERIES = {
+    "meta_count": "SELECT count(*) AS n FROM glass.events",
+    "meta_min_max": "SELECT min(timestamp) AS first, max(timestamp) AS last FROM glass.events",
+    "meta_min_max_ingest": "SELECT min(__ingest_ts) AS first, max(__ingest_ts) AS last FROM glass.events",
+}
+
+
+def events(label):
+    m = re.fullmatch(r"(\d+)([km]?)", label.lower())
+    if not m:
+        sys.exit(f"--events: expected sizes like 3m,10m,30m (got {label!r})")
+    return int(m.group(1)) * {"": 1, "k": 1_000, "m": 1_000_000}[m.group(2)]
+
+
+def ensure_lake(base, label):
+    """The cached lake for `label`, made on first use. `.complete` marks a finished one: a
+    lake's metadata holds absolute paths, so it is written in place, never moved."""
+    path = os.path.join(base, f"lake-{label}")
+    if os.path.exists(os.path.join(path, ".complete")):
+        return path
+    if os.path.exists(os.path.join(path, "catalog.db")):
+        sys.exit(f"{path} exists without .complete: it is being written or was cut short; "
+                 "wait for it, or delete it to have it made again (touch .complete to use it as is)")
+    os.makedirs(base, exist_ok=True)
+    print(f"== making {path} ({events(label):,} events; about 7 minutes per 30M)", file=sys.stderr)
+    subprocess.run([sys.executable, os.path.join(SHARED, "bench/gen_lake.py"), "--out", path,
+                    "--events", str(events(label))], check=True, stdout=sys.stderr)
+    open(os.path.join(path, ".complete"), "w").close()
+    return path
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def post(base, sql, timeout=300):
+    req = urllib.request.Request(base + "/query", data=json.dumps({"query": sql}).encode(),
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def timed(fn):
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1000
+
+
+def vm_hwm_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+class Skiff:
+    def __init__(self, binary, lake, extra, log):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, API_TOKEN=TOKEN, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
+        t = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [binary, "serve", "--http-addr", f"127.0.0.1:{self.port}",
+             "--catalog-uri", f"sqlite://{lake}/catalog.db", "--warehouse", f"{lake}/warehouse", *extra],
+            env=env, stdout=subprocess.DEVNULL, stderr=log)
+        while True:
+            if self.proc.poll() is not None:
+                sys.exit(f"skiff exited with {self.proc.returncode} before it was ready (log: {log.name})")
+            try:
+                with urllib.request.urlopen(self.base + "/_health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.005)
+        self.startup_ms = (time.perf_counter() - t) * 1000
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def run_bench(lake, queries, server, reps, threads):
+    """../shared/bench/bench.py over one folder; its per-query lines and summary, parsed."""
+    out = subprocess.run(
+        [sys.executable, os.path.join(SHARED, "bench/bench.py"), "--lake", lake, "--queries", queries,
+         "--server", server, "--token", TOKEN, "--reps", str(reps), "--threads", str(threads)],
+        check=True, capture_output=True, text=True).stdout
+    rows = []
+    for line in out.splitlines()[1:-1]:
+        parts = line.split(None, 4)
+        if len(parts) < 4:
+            continue
+        name, d_ms, s_ms, ratio = parts[:4]
+        answers = parts[4] if len(parts) > 4 else ""
+        num = lambda v: None if v in ("None", "-") else float(v)
+        rows.append({"query": name, "duckdb_ms": num(d_ms), "skiff_ms": num(s_ms), "ratio": num(ratio),
+                     "same": answers == "same", "why": "" if answers == "same" else answers})
+    return rows
+
+
+def geomean(xs):
+    xs = [x for x in xs if x]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def one_lake(args, label):
+    lake = ensure_lake(args.lake_dir, label)
+    log = tempfile.NamedTemporaryFile("w", prefix=f"skiff-bench-{label}-", suffix=".log", delete=False)
+    skiff = Skiff(args.skiff, lake, args.skiff_args, log)
+    try:
+        trends = open(os.path.join(SHARED, "bench/queries/trends.sql")).read()
+        first_ms = timed(lambda: post(skiff.base, trends))
+        rows = []
+        with tempfile.TemporaryDirectory() as meta:
+            for name, sql in METADATA_QUERIES.items():
+                with open(os.path.join(meta, f"{name}.sql"), "w") as f:
+                    f.write(sql + "\n")
+            folders = [os.path.join(SHARED, "bench/queries"), os.path.join(ROOT, "tests/queries"), meta]
+            for folder in folders:
+                rows += run_bench(lake, folder, skiff.base, args.reps, args.threads)
+        warm_ms = statistics.median(timed(lambda: post(skiff.base, trends)) for _ in range(3))
+        peak = vm_hwm_mib(skiff.proc.pid)
+    finally:
+        skiff.stop()
+    kinds = [r for r in rows if not r["query"].startswith("meta_")]
+    result = {
+        "lake": label, "events": events(label), "rows": rows,
+        "geomean_ratio": geomean([r["ratio"] for r in kinds]),
+        "worst": max(kinds, key=lambda r: r["ratio"] or math.inf),
+        "slowest_skiff_ms": max((r["skiff_ms"] or math.inf) for r in kinds),
+        "matched": sum(r["same"] for r in rows), "queries": len(rows),
+        "startup_ms": skiff.startup_ms, "first_ms": first_ms, "warm_ms": warm_ms,
+        "peak_rss_mib": peak, "log": log.name,
+    }
+    print_table(result)
+    return result
+
+
+def print_table(r):
+    print(f"\n### {r['lake']} ({r['events']:,} events)\n")
+    print("| query | DuckDB ms | skiff ms | skiff/DuckDB | answers |")
+    print("|---|---:|---:|---:|---|")
+    for row in r["rows"]:
+        fmt = lambda v, p=1: "—" if v is None else f"{v:.{p}f}"
+        print(f"| {row['query']} | {fmt(row['duckdb_ms'])} | {fmt(row['skiff_ms'])} | {fmt(row['ratio'], 2)} "
+              f"| {'same' if row['same'] else 'DIFFER ' + row['why'][:80]} |")
+    w = r["worst"]
+    print()
+    print(f"- geometric mean skiff/DuckDB (query kinds, not meta_*): **{r['geomean_ratio']:.2f}**; "
+          f"worst {w['query']} {w['ratio']}; slowest skiff kind {r['slowest_skiff_ms']:.0f} ms")
+    print(f"- answers equal: {r['matched']}/{r['queries']}")
+    print(f"- start to /_health: {r['startup_ms']:.0f} ms; first query (trends) {r['first_ms']:.0f} ms "
+          f"vs warm {r['warm_ms']:.0f} ms ({r['first_ms'] / r['warm_ms']:.2f}×)")
+    print(f"- skiff peak RSS (VmHWM): {r['peak_rss_mib']:.0f} MiB")
+    sys.stdout.flush()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--skiff", required=True, help="the skiff binary")
+    ap.add_argument("--events", default="30m", help="lake sizes, comma-separated (3m,10m,30m)")
+    ap.add_argument("--lake-dir", default=os.environ.get(
+        "SKIFF_BENCH_DIR", os.path.expanduser("~/.cache/skiff-bench")))
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="DuckDB's threads")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--no-build", action="store_true", help="(handled by scripts/bench)")
+    ap.add_argument("skiff_args", nargs="*", help="after --: extra `skiff serve` flags")
+    args = ap.parse_args()
+    # A loaded machine must not turn slow answers into timeouts.
+    if not any(a.startswith("--query-timeout") for a in args.skiff_args):
+        args.skiff_args += ["--query-timeout", "600s"]
+    print(f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} cores; "
+          f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB; "
+          f"reps {args.reps} (median); skiff {' '.join(args.skiff_args)}")
+    results = [one_lake(args, label.strip()) for label in args.events.split(",") if label.strip()]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

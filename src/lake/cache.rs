@@ -1,0 +1,143 @@
+//! Caches of what never changes: Iceberg metadata files, manifest lists, manifests and
+//! Parquet footers are immutable per path, so a cached copy can never be stale. Only the
+//! table pointer (the catalog's current metadata location) is re-read for every query.
+//!
+//! Every cache is bounded, and counts its hits and misses in `/metrics`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use iceberg::spec::{Manifest, ManifestFile, ManifestList};
+use iceberg::table::Table;
+use parquet::file::metadata::ParquetMetaData;
+
+use super::file_stats::SnapshotFiles;
+use crate::observe::metrics;
+
+/// Manifests and manifest lists kept, by count (one is a few KiB per data file it lists).
+const MANIFESTS: u64 = 20_000;
+/// Parquet footers kept, by decoded size.
+const FOOTER_BYTES: u64 = 128 * 1024 * 1024;
+/// Per-snapshot file statistics kept (one per table version, plus a few older snapshots).
+const SNAPSHOTS: u64 = 256;
+/// A loaded table is reused while the catalog points at the same metadata file, but not for
+/// longer than this: its `FileIO` may hold credentials the catalog vended for a limited time.
+const TABLE_REUSE: Duration = Duration::from_secs(300);
+
+struct LoadedTable {
+    metadata_location: String,
+    loaded: Instant,
+    table: Table,
+}
+
+pub struct Caches {
+    /// Table ident → the last table loaded for it. Reusing the `Table` reuses iceberg-rust's
+    /// own manifest cache, which lives inside it.
+    tables: Mutex<HashMap<String, LoadedTable>>,
+    manifest_lists: moka::future::Cache<String, Arc<ManifestList>>,
+    manifests: moka::future::Cache<String, Arc<Manifest>>,
+    snapshots: moka::future::Cache<(String, i32), Arc<SnapshotFiles>>,
+    footers: moka::future::Cache<String, Arc<ParquetMetaData>>,
+}
+
+impl std::fmt::Debug for Caches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Caches")
+    }
+}
+
+impl Default for Caches {
+    fn default() -> Self {
+        Self {
+            tables: Mutex::default(),
+            manifest_lists: moka::future::Cache::new(MANIFESTS),
+            manifests: moka::future::Cache::new(MANIFESTS),
+            snapshots: moka::future::Cache::new(SNAPSHOTS),
+            footers: moka::future::Cache::builder()
+                .weigher(|_, m: &Arc<ParquetMetaData>| m.memory_size().min(u32::MAX as usize) as u32)
+                .max_capacity(FOOTER_BYTES)
+                .build(),
+        }
+    }
+}
+
+impl Caches {
+    /// The table to use for a freshly loaded one: the one loaded before if the catalog still
+    /// points at the same metadata file (so its warm manifest cache is kept), else this one.
+    pub fn table(&self, fresh: Table) -> Table {
+        let Some(location) = fresh.metadata_location().map(str::to_string) else {
+            return fresh;
+        };
+        let key = fresh.identifier().to_string();
+        let mut tables = self.tables.lock().expect("tables");
+        if let Some(t) = tables.get(&key)
+            && t.metadata_location == location
+            && t.loaded.elapsed() < TABLE_REUSE
+        {
+            metrics::cache_hit("table");
+            return t.table.clone();
+        }
+        metrics::cache_miss("table");
+        tables.insert(
+            key,
+            LoadedTable { metadata_location: location, loaded: Instant::now(), table: fresh.clone() },
+        );
+        fresh
+    }
+
+    pub async fn manifest_list(
+        &self,
+        table: &Table,
+        snapshot: &iceberg::spec::SnapshotRef,
+    ) -> iceberg::Result<Arc<ManifestList>> {
+        let key = snapshot.manifest_list().to_string();
+        if let Some(m) = self.manifest_lists.get(&key).await {
+            metrics::cache_hit("manifest_list");
+            return Ok(m);
+        }
+        metrics::cache_miss("manifest_list");
+        let m = Arc::new(table.manifest_list_reader(snapshot).load().await?);
+        self.manifest_lists.insert(key, m.clone()).await;
+        Ok(m)
+    }
+
+    pub async fn manifest(&self, table: &Table, file: &ManifestFile) -> iceberg::Result<Arc<Manifest>> {
+        if let Some(m) = self.manifests.get(&file.manifest_path).await {
+            metrics::cache_hit("manifest");
+            return Ok(m);
+        }
+        metrics::cache_miss("manifest");
+        let m = Arc::new(file.load_manifest(table.file_io()).await?);
+        self.manifests.insert(file.manifest_path.clone(), m.clone()).await;
+        Ok(m)
+    }
+
+    pub async fn snapshot_files(&self, key: &(String, i32)) -> Option<Arc<SnapshotFiles>> {
+        let hit = self.snapshots.get(key).await;
+        if hit.is_some() {
+            metrics::cache_hit("snapshot_files")
+        } else {
+            metrics::cache_miss("snapshot_files")
+        }
+        hit
+    }
+
+    pub async fn put_snapshot_files(&self, key: (String, i32), files: Arc<SnapshotFiles>) {
+        self.snapshots.insert(key, files).await;
+    }
+
+    pub async fn footer(&self, location: &str) -> Option<Arc<ParquetMetaData>> {
+        let hit = self.footers.get(location).await;
+        if hit.is_some() {
+            metrics::cache_hit("parquet_footer")
+        } else {
+            metrics::cache_miss("parquet_footer")
+        }
+        hit
+    }
+
+    pub async fn put_footer(&self, location: String, metadata: Arc<ParquetMetaData>) {
+        self.footers.insert(location, metadata).await;
+    }
+}
