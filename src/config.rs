@@ -141,6 +141,11 @@ pub struct ServeConfig {
     #[arg(long, env = "SKIFF_MAX_RESULT_BYTES", default_value = "1GiB", value_parser = parse_bytes)]
     pub max_result_bytes: usize,
 
+    /// Memory for finished answers, reused while every table they read is at the same
+    /// snapshot (`64MiB`; `0` turns the cache off). An answer over a quarter of it is not kept.
+    #[arg(long, env = "SKIFF_RESULT_CACHE_BYTES", default_value = "64MiB", value_parser = parse_bytes_or_zero)]
+    pub result_cache_bytes: usize,
+
     /// Log each query's SQL text, and show it in `system.queries` (it may contain user data).
     #[arg(long, env = "SKIFF_LOG_SQL", default_value_t = false)]
     pub log_sql: bool,
@@ -258,6 +263,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Parses `512MiB`, `4GiB`, `1GB`, `64k` (a bare number is bytes).
 pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    match parse_bytes_or_zero(s)? {
+        0 => Err(format!("{s:?} is less than one byte")),
+        n => Ok(n),
+    }
+}
+
+/// A size where 0 means "none" (`--result-cache-bytes 0` turns the cache off).
+pub fn parse_bytes_or_zero(s: &str) -> Result<usize, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
@@ -274,11 +287,7 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
         "tib" => 1024f64.powi(4),
         u => return Err(format!("unknown size unit {u:?} in {s:?} (use KiB, MiB, GiB)")),
     };
-    let bytes = n * mult;
-    if bytes < 1.0 {
-        return Err(format!("{s:?} is less than one byte"));
-    }
-    Ok(bytes as usize)
+    Ok((n * mult) as usize)
 }
 
 #[cfg(test)]
@@ -302,6 +311,8 @@ mod tests {
         assert_eq!(parse_bytes("1000").unwrap(), 1000);
         assert_eq!(parse_bytes("1.5kb").unwrap(), 1500);
         assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("0").is_err());
+        assert_eq!(parse_bytes_or_zero("0").unwrap(), 0);
         assert!(parse_bytes("3 parsecs").is_err());
     }
 

@@ -265,3 +265,27 @@ fn min_and_max_over_every_version_come_from_metadata() {
     let m = basin_metrics(s, "SELECT max(url) AS u FROM glass.events");
     assert!(m["files_scanned"].as_u64().unwrap() > 0, "{m}");
 }
+
+#[test]
+fn a_cte_aggregation_used_several_times_is_computed_once() {
+    let s = &lake().1;
+    let funnel = std::fs::read_to_string(shared().join("bench/queries/funnel.sql")).unwrap();
+    let plan = s.rows(&format!("EXPLAIN {funnel}"));
+    let physical = plan.iter().find(|r| r["plan_type"] == "physical_plan").expect("physical plan")["plan"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // `s1` is read by `viewed`, by `s2` and by `s3`; `s2` by `signed_up` and `s3`.
+    assert!(physical.contains("SharedExec: consumers="), "{physical}");
+    // Sharing is only for repeats: a query that reads its aggregation once has none.
+    let plan = s.rows("EXPLAIN SELECT event, count(*) FROM glass.events GROUP BY event");
+    assert!(!format!("{plan:?}").contains("SharedExec"), "{plan:?}");
+    // The funnel's answer with shared subplans equals the same funnel written without a CTE
+    // reference shared (each step computed by its own subquery).
+    let unshared = "SELECT count(*) AS n FROM (SELECT coalesce(person_id, device_id) AS actor FROM glass.events \
+                    WHERE project_id = 'proj_alpha' AND event = '$pageview' AND timestamp >= TIMESTAMP '2026-09-01 00:00:00' \
+                    AND timestamp < TIMESTAMP '2026-10-15 00:00:00' GROUP BY 1)";
+    let viewed = s.rows(unshared)[0]["n"].clone();
+    let got = s.rows(&funnel);
+    assert_eq!(got[0]["viewed"], viewed, "{got:?}");
+}

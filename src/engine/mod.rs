@@ -5,6 +5,8 @@ mod dialect;
 mod functions;
 pub mod limits;
 pub mod readonly;
+pub mod results;
+mod shared;
 pub mod stats;
 mod system;
 
@@ -20,13 +22,16 @@ use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::SendableRecordBatchStream;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
+use futures::TryStreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Result, SkiffError};
 use crate::lake::Lake;
 use crate::observe::metrics::Gauges;
 use limits::{Admission, Bounded, CANCELLED_AT_SHUTDOWN};
+use results::{CacheUse, ResultCache};
 use stats::QueryStats;
 
 /// The name SQL can give the lake's catalog (`lake.glass.events`); it is also the default,
@@ -38,6 +43,8 @@ pub struct Engine {
     lake: Arc<Lake>,
     limits: Limits,
     admission: Admission,
+    /// `None` when turned off.
+    results: Option<Arc<ResultCache>>,
     /// Set when shutdown begins: no new query starts.
     draining: AtomicBool,
     /// Cancelled when the shutdown grace period ends: every query still running fails.
@@ -66,10 +73,14 @@ pub struct Query {
     pub schema: SchemaRef,
     pub stream: SendableRecordBatchStream,
     pub stats: Arc<QueryStats>,
+    /// What identifies the answer (see [`results::fingerprint`]); `None` when the answer can
+    /// change without a new snapshot.
+    pub fingerprint: Option<String>,
 }
 
 impl Engine {
-    pub fn new(lake: Arc<Lake>, limits: Limits) -> Result<Self> {
+    /// `result_cache_bytes` bounds the result cache (0 turns it off).
+    pub fn new(lake: Arc<Lake>, limits: Limits, result_cache_bytes: usize) -> Result<Self> {
         let default_schema = lake.namespaces().into_iter().next().unwrap_or_else(|| "public".into());
         let mut config = SessionConfig::new()
             .with_information_schema(true)
@@ -89,6 +100,15 @@ impl Engine {
             .with_runtime_env(runtime)
             .with_default_features()
             .build();
+        // Shared subplans go in before the last filter push-down adds dynamic filters.
+        let mut rules = state.physical_optimizers().to_vec();
+        let at = rules
+            .iter()
+            .position(|r| r.name().starts_with("FilterPushdown") && r.name().contains("Post"))
+            .unwrap_or(rules.len().saturating_sub(1));
+        rules.insert(at, Arc::new(shared::ShareSubplans));
+        let state =
+            SessionStateBuilder::new_from_existing(state).with_physical_optimizer_rules(rules).build();
         let mut ctx = SessionContext::new_with_state(state);
         ctx.register_catalog(CATALOG, system::with_system_schema(lake.catalog_provider()));
         datafusion_functions_json::register_all(&mut ctx)?;
@@ -99,6 +119,7 @@ impl Engine {
             lake,
             limits,
             admission,
+            results: ResultCache::new(result_cache_bytes).map(Arc::new),
             draining: AtomicBool::new(false),
             shutdown: CancellationToken::new(),
         })
@@ -198,9 +219,8 @@ impl Engine {
             }
         };
         Ok(Query {
-            schema: started.schema,
             stream: Box::pin(Bounded::new(started.stream, deadline, self.shutdown.clone(), permit)),
-            stats: started.stats,
+            ..started
         })
     }
 
@@ -228,6 +248,8 @@ impl Engine {
         Ok(plan)
     }
 
+    /// Plans a query and returns its stream. Nothing executes until the stream is first
+    /// polled, so a front end can still answer "not modified" from the fingerprint alone.
     async fn start(&self, sql: &str, params: Vec<ScalarValue>) -> Result<Query> {
         let mut state = self.ctx.state();
         let stats = Arc::new(QueryStats::default());
@@ -237,9 +259,27 @@ impl Engine {
         if !params.is_empty() || !plan.get_parameter_types()?.is_empty() {
             plan = plan.with_param_values(ParamValues::from(params))?;
         }
+        let fingerprint = results::fingerprint(&plan);
+        let cache = match (&self.results, &fingerprint) {
+            (None, _) => CacheUse::Off,
+            (Some(_), None) => CacheUse::Bypass,
+            (Some(results), Some(fp)) => match results.get(fp) {
+                Some((schema, stream)) => {
+                    stats.set_result_cache(CacheUse::Hit.as_str());
+                    return Ok(Query { schema, stream, stats, fingerprint });
+                }
+                None => CacheUse::Miss,
+            },
+        };
+        stats.set_result_cache(cache.as_str());
         let df = DataFrame::new(state, plan);
         let schema = Arc::new(df.schema().as_arrow().clone());
-        let stream = df.execute_stream().await?;
-        Ok(Query { schema, stream, stats })
+        let lazy = futures::stream::once(df.execute_stream()).try_flatten();
+        let mut stream: SendableRecordBatchStream =
+            Box::pin(RecordBatchStreamAdapter::new(schema.clone(), lazy));
+        if let (Some(results), Some(fp)) = (&self.results, &fingerprint) {
+            stream = results.fill(fp.clone(), stream);
+        }
+        Ok(Query { schema, stream, stats, fingerprint })
     }
 }

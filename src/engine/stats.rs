@@ -2,7 +2,7 @@
 //! front ends for their response metrics and by the query log line.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use datafusion::catalog::Session;
 
@@ -10,6 +10,9 @@ use datafusion::catalog::Session;
 pub struct QueryStats {
     /// Files Iceberg planning kept after pruning.
     pub files_planned: AtomicU64,
+    /// Data files in the snapshots read (from their summaries), so `total - planned` were
+    /// pruned by Iceberg planning without being opened.
+    pub files_total: AtomicU64,
     /// Files actually opened.
     pub files_scanned: AtomicU64,
     /// Bytes read from data files.
@@ -18,6 +21,8 @@ pub struct QueryStats {
     pub requests: AtomicU64,
     /// Each table read, with the snapshot it was read at (`None`: the table has no snapshot).
     snapshots: Mutex<Vec<(String, Option<i64>)>>,
+    /// How the result cache served the query (`hit`, `miss`, `bypass`, `off`).
+    result_cache: OnceLock<&'static str>,
 }
 
 impl QueryStats {
@@ -52,5 +57,17 @@ impl QueryStats {
 
     pub fn files_planned(&self) -> u64 {
         self.files_planned.load(Ordering::Relaxed)
+    }
+
+    pub fn files_pruned(&self) -> u64 {
+        self.files_total.load(Ordering::Relaxed).saturating_sub(self.files_planned())
+    }
+
+    pub fn set_result_cache(&self, how: &'static str) {
+        let _ = self.result_cache.set(how);
+    }
+
+    pub fn result_cache(&self) -> &'static str {
+        self.result_cache.get().copied().unwrap_or("off")
     }
 }

@@ -11,7 +11,7 @@ use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use super::query::{Encoder, begin, body_stream, streaming};
+use super::query::{Begun, Encoder, begin, body_stream, not_modified, streaming};
 use super::{AppState, RequestId};
 use crate::encode::{basin, json};
 use crate::engine::stats::QueryStats;
@@ -35,9 +35,11 @@ pub async fn query(
         return failure(status, &e);
     }
     match begin(&state, &headers, body, &mut log).await {
-        Ok(s) => {
+        Ok(Begun::NotModified(etag)) => not_modified(etag, log),
+        Ok(Begun::Started(s)) => {
             let encoder = Envelope { request_id: id.0, has_rows: s.first.is_some(), stats: s.stats.clone() };
-            streaming(body_stream(s, encoder, log, state.result_cap()), "application/json")
+            let head = s.head();
+            streaming(body_stream(s, encoder, log, state.result_cap()), "application/json", head)
         }
         Err(e) => {
             log.finish(Err(&e));
@@ -101,6 +103,9 @@ impl Envelope {
             "r2_requests_count": self.stats.requests(),
             "files_scanned": self.stats.files_scanned(),
             "bytes_scanned": self.stats.bytes_scanned(),
+            "files_planned": self.stats.files_planned(),
+            "files_pruned": self.stats.files_pruned(),
+            "result_cache": self.stats.result_cache(),
         });
         format!(r#"],"metrics":{metrics}}},"messages":{messages}}}"#).into_bytes()
     }

@@ -7,12 +7,13 @@
 //! cancels the query.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, State};
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use datafusion::physical_plan::SendableRecordBatchStream;
 use futures::StreamExt;
@@ -62,8 +63,11 @@ async fn respond<E: Encoder>(
 ) -> Response {
     let mut log = QueryLog::new(id.0, route);
     match begin(state, headers, body, &mut log).await {
+        Ok(Begun::NotModified(etag)) => not_modified(etag, log),
         // A first batch already over the row cap fails before any byte is sent.
-        Ok(s) if s.first.as_ref().is_some_and(|b| b.num_rows() as u64 > state.max_result_rows) => {
+        Ok(Begun::Started(s))
+            if s.first.as_ref().is_some_and(|b| b.num_rows() as u64 > state.max_result_rows) =>
+        {
             let e = SkiffError::ResultTooLarge(format!(
                 "the result has more than {} rows (--max-result-rows)",
                 state.max_result_rows
@@ -71,7 +75,10 @@ async fn respond<E: Encoder>(
             log.finish(Err(&e));
             e.into_response()
         }
-        Ok(s) => streaming(body_stream(s, encoder, log, state.result_cap()), content_type),
+        Ok(Begun::Started(s)) => {
+            let head = s.head();
+            streaming(body_stream(s, encoder, log, state.result_cap()), content_type, head)
+        }
         Err(e) => {
             log.finish(Err(&e));
             e.into_response()
@@ -79,21 +86,63 @@ async fn respond<E: Encoder>(
     }
 }
 
-/// Reads the body and starts its query, noting in the log what it needs.
-pub async fn begin(state: &AppState, headers: &HeaderMap, body: Body, log: &mut QueryLog) -> Result<Started> {
-    let body = read_body(headers, body, state.max_body_bytes).await?;
-    log.set_sql(&body.query);
-    let query = state.engine.execute(&body.query).await?;
-    log.set_stats(query.stats.clone());
-    first_batch(query).await
+/// A started query, or the client's copy of the answer is current.
+pub enum Begun {
+    Started(Started),
+    /// The request's `If-None-Match` names the answer's ETag: nothing was executed.
+    NotModified(HeaderValue),
 }
 
-/// A 200 response whose body is the given stream.
+/// Reads the body and starts its query, noting in the log what it needs.
+pub async fn begin(state: &AppState, headers: &HeaderMap, body: Body, log: &mut QueryLog) -> Result<Begun> {
+    let body = read_body(headers, body, state.max_body_bytes).await?;
+    log.set_sql(&body.query);
+    let started = Instant::now();
+    let query = state.engine.execute(&body.query).await?;
+    log.set_stats(query.stats.clone());
+    let etag = query.fingerprint.as_deref().map(etag);
+    if let Some(etag) = &etag
+        && if_none_match(headers, etag)
+    {
+        return Ok(Begun::NotModified(etag.clone()));
+    }
+    first_batch(query, etag, started).await.map(Begun::Started)
+}
+
+/// A weak ETag: the same answer, though not always the same bytes (rows without an ORDER BY
+/// may come in another order).
+fn etag(fingerprint: &str) -> HeaderValue {
+    HeaderValue::from_str(&format!("W/\"{fingerprint}\"")).expect("hex is a valid header value")
+}
+
+/// Whether `If-None-Match` holds `etag` (or `*`), compared weakly as RFC 9110 says.
+fn if_none_match(headers: &HeaderMap, etag: &HeaderValue) -> bool {
+    let opaque = |t: &str| t.trim().trim_start_matches("W/").to_string();
+    let ours = opaque(etag.to_str().unwrap_or(""));
+    headers
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim() == "*" || opaque(t) == ours)
+}
+
+/// 304 Not Modified: no body, the ETag again.
+pub fn not_modified(etag: HeaderValue, mut log: QueryLog) -> Response {
+    log.finish(Ok(()));
+    let mut res = StatusCode::NOT_MODIFIED.into_response();
+    res.headers_mut().insert(header::ETAG, etag);
+    res
+}
+
+/// A 200 response whose body is the given stream, with the given headers.
 pub fn streaming(
     stream: impl futures::Stream<Item = Result<Bytes, BoxError>> + Send + 'static,
     content_type: &'static str,
+    head: HeaderMap,
 ) -> Response {
     let mut res = Body::from_stream(stream).into_response();
+    res.headers_mut().extend(head);
     res.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     res
 }
@@ -138,10 +187,40 @@ pub struct Started {
     pub first: Option<RecordBatch>,
     pub rest: SendableRecordBatchStream,
     pub stats: Arc<QueryStats>,
+    etag: Option<HeaderValue>,
+    /// From the request to the first batch.
+    first_after: Duration,
+}
+
+impl Started {
+    /// What the query cost up to its first batch, as response headers. For a result that
+    /// comes in one batch (an aggregation) that is the whole query; the log line,
+    /// `system.queries` and the Basin envelope have the final numbers of a long stream.
+    pub fn head(&self) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Some(etag) = &self.etag {
+            h.insert(header::ETAG, etag.clone());
+        }
+        let st = &self.stats;
+        h.insert("x-skiff-result-cache", HeaderValue::from_static(st.result_cache()));
+        for (name, n) in [
+            ("x-skiff-files-planned", st.files_planned()),
+            ("x-skiff-files-pruned", st.files_pruned()),
+            ("x-skiff-files-scanned", st.files_scanned()),
+            ("x-skiff-bytes-scanned", st.bytes_scanned()),
+        ] {
+            h.insert(name, HeaderValue::from(n));
+        }
+        let ms = self.first_after.as_secs_f64() * 1000.0;
+        if let Ok(v) = HeaderValue::from_str(&format!("first-batch;dur={ms:.1}")) {
+            h.insert("server-timing", v);
+        }
+        h
+    }
 }
 
 /// Waits for a started query's first batch.
-pub async fn first_batch(mut q: Query) -> Result<Started> {
+pub async fn first_batch(mut q: Query, etag: Option<HeaderValue>, since: Instant) -> Result<Started> {
     // The first batch with rows, or none: `first == None` means the result is empty.
     let first = loop {
         match q.stream.next().await {
@@ -151,7 +230,14 @@ pub async fn first_batch(mut q: Query) -> Result<Started> {
             None => break None,
         }
     };
-    Ok(Started { schema: q.schema, first, rest: q.stream, stats: q.stats })
+    Ok(Started {
+        schema: q.schema,
+        first,
+        rest: q.stream,
+        stats: q.stats,
+        etag,
+        first_after: since.elapsed(),
+    })
 }
 
 /// Turns batches into response bytes.

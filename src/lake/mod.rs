@@ -23,8 +23,9 @@ use iceberg::table::Table;
 use iceberg::{Catalog, NamespaceIdent, TableIdent};
 
 use crate::error::SkiffError;
-use cache::Caches;
 use crate::observe::metrics;
+use cache::Caches;
+pub use table::versions_read;
 use table::{PhysicalTable, VersionedTable};
 use versions::{PinnedVersions, split_version, version_name};
 

@@ -90,6 +90,10 @@ pub async fn scan(
         return Ok(Arc::new(EmptyExec::new(projected)));
     };
     stats.record_snapshot(table.identifier().to_string(), Some(snapshot.snapshot_id()));
+    let total = snapshot.summary().additional_properties.get("total-data-files");
+    if let Some(n) = total.and_then(|n| n.parse::<u64>().ok()) {
+        stats.files_total.fetch_add(n, Ordering::Relaxed);
+    }
 
     let tasks = plan_files(table, schema, &projected, filters).await?;
     stats.files_planned.fetch_add(tasks.len() as u64, Ordering::Relaxed);

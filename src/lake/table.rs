@@ -35,6 +35,25 @@ impl PhysicalTable {
         let schema = scan::arrow_schema(&table)?;
         Ok(Self { table, schema, caches })
     }
+
+    /// The table, snapshot and schema this provider reads: its data cannot change while
+    /// these stay the same (snapshots and the files they list are immutable).
+    fn version(&self) -> String {
+        let m = self.table.metadata();
+        let snapshot = m.current_snapshot_id().map_or_else(|| "empty".to_string(), |s| s.to_string());
+        format!("{}@{snapshot}/schema{}", self.table.identifier(), m.current_schema_id())
+    }
+}
+
+/// The exact table versions a lake table provider reads (one per physical table), or `None`
+/// when the provider is not a lake table (`system.queries`, `information_schema`), whose
+/// contents change without a snapshot.
+pub fn versions_read(provider: &dyn TableProvider) -> Option<Vec<String>> {
+    let any = provider.as_any();
+    if let Some(t) = any.downcast_ref::<PhysicalTable>() {
+        return Some(vec![t.version()]);
+    }
+    any.downcast_ref::<VersionedTable>().map(|v| v.versions.iter().map(PhysicalTable::version).collect())
 }
 
 #[async_trait]

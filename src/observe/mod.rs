@@ -117,6 +117,8 @@ impl QueryLog {
             bytes_sent = self.bytes,
             truncated = self.truncated,
             files_planned = stats.files_planned(),
+            files_pruned = stats.files_pruned(),
+            result_cache = stats.result_cache(),
             files_scanned = stats.files_scanned(),
             bytes_scanned = stats.bytes_scanned(),
             snapshots = %snapshots.join(","),

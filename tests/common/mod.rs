@@ -125,6 +125,9 @@ impl Server {
         cmd.args(&opts.args);
         cmd.env_remove("API_TOKEN").env_remove("SKIFF_API_TOKEN").env_remove("LAKE_VERSIONS");
         cmd.env("RUST_LOG", "info");
+        // Tests of faults, limits and costs need every query to execute: the result cache is
+        // off unless a test turns it on (tests/result_cache.rs).
+        cmd.env("SKIFF_RESULT_CACHE_BYTES", "0");
         if let Some(t) = opts.token {
             cmd.env("API_TOKEN", t);
         }
