@@ -146,6 +146,11 @@ pub struct ServeConfig {
     #[arg(long, env = "SKIFF_RESULT_CACHE_BYTES", default_value = "64MiB", value_parser = parse_bytes_or_zero)]
     pub result_cache_bytes: usize,
 
+    /// DataFusion settings, `key=value`, comma-separated or repeated
+    /// (`datafusion.execution.batch_size=16384`); an unknown key stops skiff at start.
+    #[arg(long = "datafusion-option", env = "SKIFF_DATAFUSION_OPTIONS", value_delimiter = ',', value_parser = parse_key_value)]
+    pub datafusion_options: Vec<(String, String)>,
+
     /// Log each query's SQL text, and show it in `system.queries` (it may contain user data).
     #[arg(long, env = "SKIFF_LOG_SQL", default_value_t = false)]
     pub log_sql: bool,
@@ -269,6 +274,14 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
     }
 }
 
+/// `key=value`.
+pub fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(format!("expected key=value, got {s:?}")),
+    }
+}
+
 /// A size where 0 means "none" (`--result-cache-bytes 0` turns the cache off).
 pub fn parse_bytes_or_zero(s: &str) -> Result<usize, String> {
     let t = s.trim();
@@ -313,6 +326,8 @@ mod tests {
         assert!(parse_bytes("lots").is_err());
         assert!(parse_bytes("0").is_err());
         assert_eq!(parse_bytes_or_zero("0").unwrap(), 0);
+        assert_eq!(parse_key_value(" a.b = 1 ").unwrap(), ("a.b".into(), "1".into()));
+        assert!(parse_key_value("=1").is_err() && parse_key_value("a.b").is_err());
         assert!(parse_bytes("3 parsecs").is_err());
     }
 

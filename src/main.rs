@@ -98,7 +98,14 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
         queue_timeout: cfg.queue_timeout,
         memory_limit: cfg.memory_limit.unwrap_or_else(engine::limits::default_memory_limit),
     };
-    let engine = engine::Engine::new(lake.clone(), limits, cfg.result_cache_bytes)?;
+    let engine = engine::Engine::new(
+        lake.clone(),
+        limits,
+        engine::Tuning {
+            result_cache_bytes: cfg.result_cache_bytes,
+            datafusion_options: cfg.datafusion_options.clone(),
+        },
+    )?;
     let auth = auth::Auth::new(cfg.api_tokens());
     let listener = tokio::net::TcpListener::bind(cfg.http_addr)
         .await

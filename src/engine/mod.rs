@@ -62,6 +62,15 @@ pub struct Limits {
     pub memory_limit: usize,
 }
 
+/// Settings that change speed, not answers.
+#[derive(Debug, Clone, Default)]
+pub struct Tuning {
+    /// Bounds the result cache (0 turns it off).
+    pub result_cache_bytes: usize,
+    /// DataFusion settings (`datafusion.…`), applied over skiff's own.
+    pub datafusion_options: Vec<(String, String)>,
+}
+
 /// What a planned but not started query returns and takes.
 pub struct Described {
     pub schema: SchemaRef,
@@ -79,8 +88,7 @@ pub struct Query {
 }
 
 impl Engine {
-    /// `result_cache_bytes` bounds the result cache (0 turns it off).
-    pub fn new(lake: Arc<Lake>, limits: Limits, result_cache_bytes: usize) -> Result<Self> {
+    pub fn new(lake: Arc<Lake>, limits: Limits, tuning: Tuning) -> Result<Self> {
         let default_schema = lake.namespaces().into_iter().next().unwrap_or_else(|| "public".into());
         let mut config = SessionConfig::new()
             .with_information_schema(true)
@@ -90,6 +98,10 @@ impl Engine {
         // The lake's schema declares strings as Utf8; reading them as views only to cast back
         // would cost time for nothing.
         opts.execution.parquet.schema_force_view_types = false;
+        for (key, value) in &tuning.datafusion_options {
+            opts.set(key, value)
+                .map_err(|e| SkiffError::BadRequest(format!("--datafusion-option {key}={value}: {e}")))?;
+        }
         // Fair shares of one pool: each running query may use its part, and operators that
         // can spill (sorts, aggregations, joins) go to local disk before failing.
         let runtime = RuntimeEnvBuilder::new()
@@ -119,7 +131,7 @@ impl Engine {
             lake,
             limits,
             admission,
-            results: ResultCache::new(result_cache_bytes).map(Arc::new),
+            results: ResultCache::new(tuning.result_cache_bytes).map(Arc::new),
             draining: AtomicBool::new(false),
             shutdown: CancellationToken::new(),
         })

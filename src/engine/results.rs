@@ -165,7 +165,7 @@ impl Stream for Filling {
         let this = &mut *self;
         match &item {
             Some(Ok(batch)) => {
-                this.bytes += batch.get_array_memory_size();
+                this.bytes += super::shared::sliced_size(batch);
                 if this.bytes > this.cache.max_answer_bytes {
                     this.kept = None;
                 } else if let Some(kept) = this.kept.as_mut() {
@@ -174,8 +174,11 @@ impl Stream for Filling {
             }
             Some(Err(_)) => this.kept = None,
             None => {
-                if let Some(batches) = this.kept.take() {
-                    let answer = Answer { schema: this.inner.schema(), batches };
+                // Kept as one compact copy: a slice would hold on to the whole array it came from.
+                let schema = this.inner.schema();
+                let compact = this.kept.take().map(|b| arrow::compute::concat_batches(&schema, &b));
+                if let Some(Ok(batch)) = compact {
+                    let answer = Answer { schema, batches: vec![batch] };
                     this.cache.answers.insert(std::mem::take(&mut this.fingerprint), Arc::new(answer));
                 }
             }

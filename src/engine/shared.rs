@@ -172,7 +172,7 @@ impl SharedState {
             let mut batches = Vec::new();
             while let Some(batch) = stream.next().await {
                 let batch = batch?;
-                reservation.try_grow(batch.get_array_memory_size())?;
+                reservation.try_grow(sliced_size(&batch))?;
                 batches.push(batch);
             }
             self.reservations.lock().expect("reservations")[p] = Some(reservation);
@@ -192,6 +192,16 @@ impl SharedState {
             guard.clone()
         }
     }
+}
+
+/// The memory a batch's rows take. Aggregations emit slices of one large array, and every
+/// slice reports the whole array in `get_array_memory_size`.
+pub fn sliced_size(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|c| c.to_data().get_slice_memory_size().unwrap_or_else(|_| c.get_array_memory_size()))
+        .sum()
 }
 
 /// A shared subtree at one of its places in the plan.

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use datafusion::catalog::Session;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNode;
-use datafusion::common::{DFSchema, ScalarValue, Statistics};
+use datafusion::common::{ScalarValue, Statistics};
 use datafusion::config::TableParquetOptions;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::parquet::ParquetFileReaderFactory;
@@ -26,7 +26,6 @@ use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::execution::TaskContext;
 use datafusion::execution::object_store::ObjectStoreUrl;
-use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
@@ -112,7 +111,7 @@ pub async fn scan(
         }
     };
     let scan = ParquetScan { table, schema, caches, files: files.as_deref(), stats };
-    scan.build(state, projection, filters, limit, tasks)
+    scan.build(state, projection, limit, tasks)
 }
 
 /// Iceberg's planning: prunes manifests, partitions and files by the filters it can take.
@@ -170,7 +169,6 @@ impl ParquetScan<'_> {
         self,
         state: &dyn Session,
         projection: Option<&Vec<usize>>,
-        filters: &[Expr],
         limit: Option<usize>,
         tasks: Vec<FileScanTask>,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
@@ -205,13 +203,12 @@ impl ParquetScan<'_> {
             stats: self.stats,
             caches: self.caches.clone(),
         });
-        let mut source = ParquetSource::new(schema.clone())
+        let source = ParquetSource::new(schema.clone())
             .with_table_parquet_options(options)
             .with_parquet_file_reader_factory(factory);
-        if let Some(predicate) = conjunction(filters.iter().cloned()) {
-            let df_schema = DFSchema::try_from(schema.as_ref().clone())?;
-            source = source.with_predicate(state.create_physical_expr(predicate, &df_schema)?);
-        }
+        // No predicate here: DataFusion pushes the filters above this scan into it (for
+        // pruning, and as a row filter with `pushdown_filters`); setting them here as well
+        // would evaluate every filter twice.
         let config = FileScanConfigBuilder::new(ObjectStoreUrl::local_filesystem(), Arc::new(source))
             .with_file_groups(groups)
             .with_projection_indices(projection.cloned())?
