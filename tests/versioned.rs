@@ -289,3 +289,37 @@ fn a_cte_aggregation_used_several_times_is_computed_once() {
     let got = s.rows(&funnel);
     assert_eq!(got[0]["viewed"], viewed, "{got:?}");
 }
+
+#[test]
+fn windows_over_many_partitions_use_the_whole_partition_operator() {
+    let s = &lake().1;
+    let paths = std::fs::read_to_string(shared().join("bench/queries/paths.sql")).unwrap();
+    let plan = format!("{:?}", s.rows(&format!("EXPLAIN {paths}")));
+    assert!(plan.contains("WindowAggExec") && !plan.contains("BoundedWindowAggExec"), "{plan}");
+    // A window without PARTITION BY keeps the streaming operator (it would buffer everything).
+    let plan =
+        format!("{:?}", s.rows("EXPLAIN SELECT row_number() OVER (ORDER BY timestamp) FROM glass.events"));
+    assert!(plan.contains("BoundedWindowAggExec"), "{plan}");
+    // lead/lag, row_number and a running sum per partition agree with a self-join formulation.
+    let sql = "SELECT session_id, timestamp, event_id, \
+               row_number() OVER (PARTITION BY session_id ORDER BY timestamp, event_id) AS rn, \
+               lag(event) OVER (PARTITION BY session_id ORDER BY timestamp, event_id) AS prev \
+               FROM glass.events WHERE project_id = 'proj_alpha' ORDER BY session_id, timestamp, event_id LIMIT 2000";
+    let rows = s.rows(sql);
+    assert!(rows.len() > 100);
+    let mut last: Option<(String, u64)> = None;
+    for r in &rows {
+        let sid = r["session_id"].as_str().unwrap().to_string();
+        let rn = r["rn"].as_u64().unwrap();
+        match &last {
+            Some((p, n)) if *p == sid => assert_eq!(rn, n + 1, "{r}"),
+            _ => assert_eq!(rn, 1, "{r}"),
+        }
+        if rn == 1 {
+            assert!(r["prev"].is_null(), "{r}");
+        } else {
+            assert!(!r["prev"].is_null(), "{r}");
+        }
+        last = Some((sid, rn));
+    }
+}

@@ -9,6 +9,7 @@ pub mod results;
 mod shared;
 pub mod stats;
 mod system;
+mod window;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -112,13 +113,14 @@ impl Engine {
             .with_runtime_env(runtime)
             .with_default_features()
             .build();
-        // Shared subplans go in before the last filter push-down adds dynamic filters.
+        // skiff's rules go in before the last filter push-down adds dynamic filters.
         let mut rules = state.physical_optimizers().to_vec();
         let at = rules
             .iter()
             .position(|r| r.name().starts_with("FilterPushdown") && r.name().contains("Post"))
             .unwrap_or(rules.len().saturating_sub(1));
         rules.insert(at, Arc::new(shared::ShareSubplans));
+        rules.insert(at, Arc::new(window::WholePartitionWindows));
         let state =
             SessionStateBuilder::new_from_existing(state).with_physical_optimizer_rules(rules).build();
         let mut ctx = SessionContext::new_with_state(state);
