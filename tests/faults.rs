@@ -325,10 +325,11 @@ fn corrupt_and_missing_local_files_are_named() {
 
     type Breaker = fn(&std::path::Path);
     let garbage: Breaker = |p| std::fs::write(p, vec![0x42u8; 4096]).unwrap();
+    // Cut to its first bytes: skiff keeps footers it read, so a half file could still give the
+    // columns that sit in its first half.
     let truncate: Breaker = |p| {
-        let len = std::fs::metadata(p).unwrap().len();
         let f = std::fs::OpenOptions::new().write(true).open(p).unwrap();
-        f.set_len(len / 2).unwrap();
+        f.set_len(16).unwrap();
     };
     let delete: Breaker = |p| std::fs::remove_file(p).unwrap();
     let garble_json: Breaker = |p| std::fs::write(p, b"{\"format-version\": 2, \"table-uuid\": ").unwrap();
@@ -350,8 +351,19 @@ fn corrupt_and_missing_local_files_are_named() {
     for (table, path, breaker, statuses) in cases {
         let saved = std::fs::read(&path).unwrap();
         breaker(&path);
-        let (status, code, msg) = failed(&s, &q(table), Duration::from_secs(10));
         let name = path.file_name().unwrap().to_string_lossy().to_string();
+        // Manifests are immutable per path, so a running skiff answers from the copy it
+        // cached (checked here); a server that has not read the file yet meets the damage.
+        let fresh;
+        let server = if name.ends_with(".avro") {
+            let want = &good.iter().find(|(t, _)| t == table).unwrap().1;
+            assert_eq!(&s.rows(&q(table))[0]["n"], want, "{table}: the cached manifest still serves");
+            fresh = Server::lake(dir.path());
+            &fresh
+        } else {
+            &s
+        };
+        let (status, code, msg) = failed(server, &q(table), Duration::from_secs(10));
         eprintln!("{table} {name}: {status} {code} {msg}");
         assert!(statuses.contains(&status), "{table} {name}: {status} {code} {msg}");
         if name.ends_with(".metadata.json") {

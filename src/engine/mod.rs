@@ -63,6 +63,27 @@ pub struct Limits {
     pub memory_limit: usize,
 }
 
+/// Parquet decoding errors name no file: a data error that names none gets the files being
+/// decoded around the time it happened (open, or closed last); one of them is the culprit.
+fn name_open_files(
+    e: datafusion::error::DataFusionError,
+    stats: &QueryStats,
+) -> datafusion::error::DataFusionError {
+    let e = match SkiffError::from_datafusion(e) {
+        SkiffError::DataError(m) => {
+            let open = stats.recent_files();
+            let named = open.iter().any(|f| m.contains(f.rsplit('/').next().unwrap_or(f)));
+            if open.is_empty() || named {
+                SkiffError::DataError(m)
+            } else {
+                SkiffError::DataError(format!("{m} (while reading one of: {})", open.join(", ")))
+            }
+        }
+        other => other,
+    };
+    datafusion::error::DataFusionError::External(Box::new(e))
+}
+
 /// Settings that change speed, not answers.
 #[derive(Debug, Clone, Default)]
 pub struct Tuning {
@@ -288,7 +309,10 @@ impl Engine {
         stats.set_result_cache(cache.as_str());
         let df = DataFrame::new(state, plan);
         let schema = Arc::new(df.schema().as_arrow().clone());
-        let lazy = futures::stream::once(df.execute_stream()).try_flatten();
+        let open = stats.clone();
+        let lazy = futures::stream::once(df.execute_stream())
+            .try_flatten()
+            .map_err(move |e| name_open_files(e, &open));
         let mut stream: SendableRecordBatchStream =
             Box::pin(RecordBatchStreamAdapter::new(schema.clone(), lazy));
         if let (Some(results), Some(fp)) = (&self.results, &fingerprint) {

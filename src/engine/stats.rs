@@ -21,6 +21,10 @@ pub struct QueryStats {
     pub requests: AtomicU64,
     /// Each table read, with the snapshot it was read at (`None`: the table has no snapshot).
     snapshots: Mutex<Vec<(String, Option<i64>)>>,
+    /// Data files open now and the last few closed, to name them in a decoding error, which
+    /// Parquet reports without a file (its reader is closed by the time the error arrives).
+    open: Mutex<Vec<String>>,
+    closed: Mutex<std::collections::VecDeque<String>>,
     /// How the result cache served the query (`hit`, `miss`, `bypass`, `off`).
     result_cache: OnceLock<&'static str>,
 }
@@ -41,6 +45,33 @@ impl QueryStats {
 
     pub fn snapshots(&self) -> Vec<(String, Option<i64>)> {
         self.snapshots.lock().expect("stats lock").clone()
+    }
+
+    pub fn opened(&self, location: &str) {
+        self.open.lock().expect("stats lock").push(location.to_string());
+    }
+
+    pub fn closed(&self, location: &str) {
+        let mut open = self.open.lock().expect("stats lock");
+        if let Some(i) = open.iter().position(|l| l == location) {
+            open.swap_remove(i);
+        }
+        let mut closed = self.closed.lock().expect("stats lock");
+        if closed.len() == 4 {
+            closed.pop_front();
+        }
+        closed.push_back(location.to_string());
+    }
+
+    /// The data files open now, then the last closed, newest first.
+    pub fn recent_files(&self) -> Vec<String> {
+        let mut files = self.open.lock().expect("stats lock").clone();
+        for f in self.closed.lock().expect("stats lock").iter().rev() {
+            if !files.contains(f) {
+                files.push(f.clone());
+            }
+        }
+        files
     }
 
     pub fn files_scanned(&self) -> u64 {

@@ -310,6 +310,7 @@ impl ParquetFileReaderFactory for FileIoReaderFactory {
             .ok_or_else(|| DataFusionError::Internal("planned file without its location".into()))?;
         let input = self.file_io.new_input(&location).map_err(ext)?;
         self.stats.files_scanned.fetch_add(1, Ordering::Relaxed);
+        self.stats.opened(&location);
         Ok(Box::new(CountingReader {
             location,
             size: file.object_meta.size,
@@ -330,6 +331,13 @@ struct CountingReader {
     inner: Option<ArrowFileReader>,
     stats: Arc<QueryStats>,
     caches: Arc<Caches>,
+}
+
+/// A file's reader lives while its rows are decoded: a decoding error is then in it.
+impl Drop for CountingReader {
+    fn drop(&mut self) {
+        self.stats.closed(&self.location);
+    }
 }
 
 impl CountingReader {
