@@ -79,6 +79,10 @@ struct Count {
 /// the same key compute the same batches.
 fn key(node: &Arc<dyn ExecutionPlan>) -> String {
     let children: Vec<String> = node.children().into_iter().map(key).collect();
+    node_key(node, &children)
+}
+
+fn node_key(node: &Arc<dyn ExecutionPlan>, children: &[String]) -> String {
     format!("{}|{:?}|[{}]", displayable(node.as_ref()).one_line(), node.schema(), children.join(","))
 }
 
@@ -90,8 +94,7 @@ fn count(node: &Arc<dyn ExecutionPlan>, counts: &mut HashMap<String, Count>) -> 
         child_keys.push(k);
         reads |= r;
     }
-    let key =
-        format!("{}|{:?}|[{}]", displayable(node.as_ref()).one_line(), node.schema(), child_keys.join(","));
+    let key = node_key(node, &child_keys);
     let aggregate = node
         .as_any()
         .downcast_ref::<AggregateExec>()
