@@ -220,15 +220,7 @@ impl FlightSqlServer {
 
 /// The caller's `x-request-id` when it is sane, else a new one, as on HTTP.
 fn request_id(md: &MetadataMap) -> String {
-    md.get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| {
-            !v.is_empty()
-                && v.len() <= 128
-                && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
-        })
-        .map(String::from)
-        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
+    crate::observe::request_id(md.get("x-request-id").and_then(|v| v.to_str().ok()))
 }
 
 fn schema_ipc(schema: &arrow::datatypes::Schema) -> Result<bytes::Bytes, Status> {

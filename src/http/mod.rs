@@ -70,17 +70,7 @@ async fn count_request(req: Request, next: Next) -> Response {
 pub struct RequestId(pub String);
 
 async fn request_id(mut req: Request, next: Next) -> Response {
-    let id = req
-        .headers()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| {
-            !v.is_empty()
-                && v.len() <= 128
-                && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
-        })
-        .map(String::from)
-        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    let id = crate::observe::request_id(req.headers().get("x-request-id").and_then(|v| v.to_str().ok()));
     req.extensions_mut().insert(RequestId(id.clone()));
     let mut res = next.run(req).await;
     if let Ok(v) = HeaderValue::from_str(&id) {

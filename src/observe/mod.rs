@@ -37,6 +37,19 @@ pub fn init(log_sql: bool, query_history: usize) {
 }
 
 /// Whether SQL text may be logged and listed (`--log-sql`; it may hold user data).
+/// The caller's request id when it is sane (short, no spaces or control characters), else a
+/// new one: the same rule for HTTP's `x-request-id` header and Flight's metadata.
+pub fn request_id(given: Option<&str>) -> String {
+    given
+        .filter(|v| {
+            !v.is_empty()
+                && v.len() <= 128
+                && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+        })
+        .map(String::from)
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
+}
+
 pub fn log_sql() -> bool {
     LOG_SQL.load(Ordering::Relaxed)
 }
