@@ -10,6 +10,11 @@ For each lake size: makes the lake with ../shared/bench/gen_lake.py unless it is
   of a column over the whole versioned table);
 - skiff's peak resident memory over the whole run (VmHWM).
 Prints one markdown table per lake and a summary; --json writes everything measured.
+
+With --remote-latency-ms N it measures instead skiff on the same lake in S3: served by s3s-fs
+(`cargo install s3s-fs@0.14.1 --features binary --root ~/.cache/s3s-fs`) behind
+tests/fixtures/s3_proxy.py adding N ms to every request, against skiff on local disk: each
+query's first (cold) time, its warm median, and the answers compared.
 """
 import argparse
 import json
@@ -90,7 +95,7 @@ def vm_hwm_mib(pid):
 
 
 class Skiff:
-    def __init__(self, binary, lake, extra, log):
+    def __init__(self, binary, lake, extra, log, storage=None):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, API_TOKEN=TOKEN, RUST_LOG=os.environ.get("RUST_LOG", "warn"),
@@ -99,7 +104,8 @@ class Skiff:
         t = time.perf_counter()
         self.proc = subprocess.Popen(
             [binary, "serve", "--http-addr", f"127.0.0.1:{self.port}",
-             "--catalog-uri", f"sqlite://{lake}/catalog.db", "--warehouse", f"{lake}/warehouse", *extra],
+             "--catalog-uri", f"sqlite://{lake}/catalog.db",
+             *(storage or ["--warehouse", f"{lake}/warehouse"]), *extra],
             env=env, stdout=subprocess.DEVNULL, stderr=log)
         while True:
             if self.proc.poll() is not None:
@@ -182,6 +188,93 @@ def one_lake(args, label):
     return result
 
 
+def query_files(meta_dir):
+    """Every query the suite runs, as (name, sql): the benchmark's, skiff's own and the
+    metadata-only aggregates (written to `meta_dir`)."""
+    for name, sql in METADATA_QUERIES.items():
+        with open(os.path.join(meta_dir, f"{name}.sql"), "w") as f:
+            f.write(sql + "\n")
+    folders = [os.path.join(SHARED, "bench/queries"), os.path.join(ROOT, "tests/queries"), meta_dir]
+    for folder in folders:
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".sql"):
+                with open(os.path.join(folder, name)) as f:
+                    yield name[:-4], f.read()
+
+
+def canonical(rows):
+    """Rows in a comparable form: floats to 9 significant digits (partial sums add up in
+    another order when the files are split otherwise), in sorted order."""
+    def norm(v):
+        return float(f"{v:.9g}") if isinstance(v, float) else v
+    return sorted(json.dumps({k: norm(v) for k, v in r.items()}, sort_keys=True) for r in rows)
+
+
+def remote_lake(args, label):
+    """skiff on the lake in S3 with added latency, against skiff on the same lake on disk."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import s3_lake
+    if not os.path.exists(args.s3s_fs):
+        sys.exit(f"{args.s3s_fs} missing: cargo install s3s-fs@0.14.1 --features binary --root ~/.cache/s3s-fs")
+    lake = ensure_lake(args.lake_dir, label)
+    out = s3_lake.copy(lake)
+    log = tempfile.NamedTemporaryFile("w", prefix=f"skiff-bench-remote-{label}-", suffix=".log", delete=False)
+    s3 = s3_lake.S3Server(out, args.s3s_fs, log)
+    proxy = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests/fixtures/s3_proxy.py"), "--upstream",
+                              s3.endpoint, "--delay-ms", str(args.remote_latency_ms), "--quiet"],
+                             stdout=subprocess.PIPE, stderr=log, text=True)
+    proxy_url = f"http://127.0.0.1:{proxy.stdout.readline().split()[1]}"
+    storage = ["--warehouse", "s3://lake/warehouse", "--s3-endpoint", proxy_url, "--s3-region", "us-east-1",
+               "--s3-access-key-id", "testing", "--s3-secret-access-key", "testing", "--s3-path-style"]
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as meta:
+            queries = list(query_files(meta))
+        local = Skiff(args.skiff, lake, args.skiff_args, log)
+        try:
+            for name, sql in queries:
+                answer = post(local.base, sql)
+                ms = statistics.median(timed(lambda: post(local.base, sql)) for _ in range(args.reps))
+                rows.append({"query": name, "local_ms": ms, "answer": canonical(answer)})
+        finally:
+            local.stop()
+        remote = Skiff(args.skiff, out, args.skiff_args, log, storage=storage)
+        try:
+            for row, (name, sql) in zip(rows, queries):
+                t = time.perf_counter()
+                answer = post(remote.base, sql)
+                row["cold_ms"] = (time.perf_counter() - t) * 1000
+                row["warm_ms"] = statistics.median(timed(lambda: post(remote.base, sql)) for _ in range(args.reps))
+                row["same"] = canonical(answer) == row.pop("answer")
+            peak = vm_hwm_mib(remote.proc.pid)
+            with urllib.request.urlopen(proxy_url + "/__control") as r:
+                requests = json.loads(r.read())["requests"]
+        finally:
+            remote.stop()
+    finally:
+        proxy.terminate()
+        s3.stop()
+    total = lambda key: sum(r[key] for r in rows)
+    result = {"lake": label, "events": events(label), "latency_ms": args.remote_latency_ms, "rows": rows,
+              "local_total_ms": total("local_ms"), "warm_total_ms": total("warm_ms"),
+              "cold_total_ms": total("cold_ms"), "matched": sum(r["same"] for r in rows),
+              "peak_rss_mib": peak, "requests": requests, "log": log.name}
+    print(f"\n### {label} in S3, {args.remote_latency_ms:g} ms per request, against local disk\n")
+    print("| query | local ms | S3 first ms | S3 warm ms | warm/local | answers |")
+    print("|---|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(f"| {r['query']} | {r['local_ms']:.1f} | {r['cold_ms']:.1f} | {r['warm_ms']:.1f} "
+              f"| {r['warm_ms'] / r['local_ms']:.2f} | {'same' if r['same'] else 'DIFFER'} |")
+    print()
+    print(f"- suite (sum of medians): local {result['local_total_ms']:.0f} ms, S3 warm {result['warm_total_ms']:.0f} ms "
+          f"(**{result['warm_total_ms'] / result['local_total_ms']:.2f}×**); each query's first run in S3: "
+          f"{result['cold_total_ms']:.0f} ms ({result['cold_total_ms'] / result['local_total_ms']:.2f}×)")
+    print(f"- answers equal: {result['matched']}/{len(rows)}; S3 requests {requests}; "
+          f"skiff peak RSS (VmHWM) {peak:.0f} MiB")
+    sys.stdout.flush()
+    return result
+
+
 def print_table(r):
     print(f"\n### {r['lake']} ({r['events']:,} events)\n")
     print("| query | DuckDB ms | skiff ms | skiff/DuckDB | answers |")
@@ -212,6 +305,9 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="DuckDB's threads")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--no-build", action="store_true", help="(handled by scripts/bench)")
+    ap.add_argument("--remote-latency-ms", type=float,
+                    help="measure the lake in S3 with this latency per request instead (see above)")
+    ap.add_argument("--s3s-fs", default=os.path.expanduser("~/.cache/s3s-fs/bin/s3s-fs"), help="the s3s-fs binary")
     ap.add_argument("skiff_args", nargs="*", help="after --: extra `skiff serve` flags")
     args = ap.parse_args()
     # A loaded machine must not turn slow answers into timeouts.
@@ -220,7 +316,8 @@ def main():
     print(f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} cores; "
           f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB; "
           f"reps {args.reps} (median); skiff {' '.join(args.skiff_args)}")
-    results = [one_lake(args, label.strip()) for label in args.events.split(",") if label.strip()]
+    run = remote_lake if args.remote_latency_ms is not None else one_lake
+    results = [run(args, label.strip()) for label in args.events.split(",") if label.strip()]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

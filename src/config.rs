@@ -146,6 +146,22 @@ pub struct ServeConfig {
     #[arg(long, env = "SKIFF_RESULT_CACHE_BYTES", default_value = "64MiB", value_parser = parse_bytes_or_zero)]
     pub result_cache_bytes: usize,
 
+    /// Memory for data-file bytes read from a remote store (S3, R2), reused by later
+    /// queries (`256MiB`; `0` turns this tier off). Local files are not cached: the OS is.
+    #[arg(long, env = "SKIFF_DATA_CACHE_MEMORY", default_value = "256MiB", value_parser = parse_bytes_or_zero)]
+    pub data_cache_memory: usize,
+
+    /// Local disk for data-file bytes from a remote store, behind the memory tier (`1GiB`;
+    /// `0` turns this tier off).
+    #[arg(long, env = "SKIFF_DATA_CACHE_DISK", default_value = "1GiB", value_parser = parse_bytes_or_zero)]
+    pub data_cache_disk: usize,
+
+    /// Folder of the disk tier (default: `skiff-data-cache` in the temporary directory).
+    /// Each process keeps its files in a `skiff-<pid>` folder there, removed when it stops
+    /// (or at the next start, after a crash).
+    #[arg(long, env = "SKIFF_DATA_CACHE_DIR")]
+    pub data_cache_dir: Option<PathBuf>,
+
     /// DataFusion settings, `key=value`, comma-separated or repeated
     /// (`datafusion.execution.batch_size=16384`); an unknown key stops skiff at start.
     #[arg(long = "datafusion-option", env = "SKIFF_DATAFUSION_OPTIONS", value_delimiter = ',', value_parser = parse_key_value)]

@@ -79,7 +79,11 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
     observe::init(cfg.log_sql, cfg.query_history);
     let connected = async {
         let conn = catalog::connect(&cfg).await?;
-        let lake = lake::Lake::new(conn.catalog.clone(), pinned).await?;
+        let dir = cfg.data_cache_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("skiff-data-cache"));
+        let data =
+            lake::data_cache::DataCache::new(cfg.data_cache_memory as u64, cfg.data_cache_disk as u64, &dir)
+                .map_err(|e| StartError::Msg(format!("--data-cache-dir {}: {e}", dir.display())))?;
+        let lake = lake::Lake::new(conn.catalog.clone(), pinned, lake::cache::Caches::new(data)).await?;
         StartResult::Ok((conn, lake))
     };
     let (conn, lake) = tokio::select! {

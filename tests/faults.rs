@@ -47,6 +47,12 @@ impl Proxy {
         self.control(json!({ "clear": true }));
     }
 
+    /// How many requests each rule has matched, in order.
+    fn hits(&self) -> Vec<u64> {
+        let v: Value = client().get(format!("{}/__control", self.url())).send().unwrap().json().unwrap();
+        v["by_rule"].as_array().unwrap().iter().map(|h| h.as_u64().unwrap()).collect()
+    }
+
     fn faults_injected(&self) -> u64 {
         let v: Value = client().get(format!("{}/__control", self.url())).send().unwrap().json().unwrap();
         v["faults"].as_u64().unwrap()
@@ -217,6 +223,44 @@ fn transient_object_store_faults_are_retried() {
     proxy.clear();
     assert_eq!(s.rows(SQL)[0]["n"], expected);
     assert_clean_log(&s);
+}
+
+/// Remote data files are cached in memory and on local disk: a repeated query reads no data
+/// file from the store and answers the same, even while the store fails every data read. The
+/// disk tier keeps its files in a folder of its own, gone when skiff stops.
+#[test]
+fn the_data_cache_spares_the_store_repeated_reads() {
+    let lake = s3_lake();
+    let proxy = Proxy::start(&lake.s3.url());
+    let expected = serve_sql_on_s3(&lake, &proxy.url(), &[]).rows(SQL);
+    let dir = tempdir();
+    let dir_arg = dir.path().display().to_string();
+    for (memory, disk, tier) in [("64MiB", "0", "data_memory"), ("0", "64MiB", "data_disk")] {
+        // A rule that changes nothing, to count the data reads that reach the store.
+        proxy.clear();
+        proxy.fault(json!({"action": "delay", "delay_ms": 0, "match": "data"}));
+        let cache = ["--data-cache-memory", memory, "--data-cache-disk", disk, "--data-cache-dir", &dir_arg];
+        let mut s = serve_sql_on_s3(&lake, &proxy.url(), &cache);
+        assert_eq!(s.rows(SQL), expected);
+        let reads = proxy.hits()[0];
+        assert!(reads > 0, "the first query reads data files");
+        // The disk tier is written in the background, so allow it a moment.
+        eventually(10, || (s.rows(SQL) == expected && proxy.hits()[0] == reads).then_some(()));
+
+        proxy.control(json!({"faults": [{"action": "status", "status": 503, "match": "data"}]}));
+        assert_eq!(s.rows(SQL), expected, "{tier}: served without the store");
+        assert_eq!(proxy.hits(), [0], "{tier}: no data read reached the store");
+        let r = client().get(format!("{}/metrics", s.base)).bearer_auth(TOKEN).send().unwrap();
+        let hits = r.text().unwrap();
+        let line = format!("skiff_cache_hits_total{{cache=\"{tier}\"}}");
+        assert!(hits.lines().any(|l| l.starts_with(&line) && !l.ends_with(" 0")), "{line} in:\n{hits}");
+
+        let own = dir.path().join(format!("skiff-{}", s.pid()));
+        assert_eq!(own.exists(), disk != "0", "{}", own.display());
+        s.terminate();
+        assert!(!own.exists(), "the disk tier's folder goes when skiff stops");
+        assert_clean_log(&s);
+    }
 }
 
 #[test]

@@ -12,6 +12,7 @@ use iceberg::spec::{Manifest, ManifestFile, ManifestList};
 use iceberg::table::Table;
 use parquet::file::metadata::ParquetMetaData;
 
+use super::data_cache::DataCache;
 use super::file_stats::SnapshotFiles;
 use crate::observe::metrics;
 
@@ -39,6 +40,8 @@ pub struct Caches {
     manifests: moka::future::Cache<String, Arc<Manifest>>,
     snapshots: moka::future::Cache<(String, i32), Arc<SnapshotFiles>>,
     footers: moka::future::Cache<String, Arc<ParquetMetaData>>,
+    /// Data-file bytes from remote stores, when configured.
+    pub data: Option<Arc<DataCache>>,
 }
 
 impl std::fmt::Debug for Caches {
@@ -47,8 +50,8 @@ impl std::fmt::Debug for Caches {
     }
 }
 
-impl Default for Caches {
-    fn default() -> Self {
+impl Caches {
+    pub fn new(data: Option<Arc<DataCache>>) -> Self {
         Self {
             tables: Mutex::default(),
             manifest_lists: moka::future::Cache::new(MANIFESTS),
@@ -58,11 +61,10 @@ impl Default for Caches {
                 .weigher(|_, m: &Arc<ParquetMetaData>| m.memory_size().min(u32::MAX as usize) as u32)
                 .max_capacity(FOOTER_BYTES)
                 .build(),
+            data,
         }
     }
-}
 
-impl Caches {
     /// The table to use for a freshly loaded one: the one loaded before if the catalog still
     /// points at the same metadata file (so its warm manifest cache is kept), else this one.
     pub fn table(&self, fresh: Table) -> Table {

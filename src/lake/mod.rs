@@ -5,6 +5,7 @@
 //! reads the current snapshot. A table that fails to load fails only the queries that use it.
 
 pub mod cache;
+pub mod data_cache;
 mod file_stats;
 pub mod scan;
 mod table;
@@ -47,8 +48,13 @@ impl std::fmt::Debug for Lake {
 
 impl Lake {
     /// Connects the lake and lists its tables once.
-    pub async fn new(catalog: Arc<dyn Catalog>, pinned: PinnedVersions) -> Result<Arc<Self>, SkiffError> {
-        let lake = Arc::new(Self { catalog, caches: Arc::default(), pinned, listing: RwLock::default() });
+    pub async fn new(
+        catalog: Arc<dyn Catalog>,
+        pinned: PinnedVersions,
+        caches: Caches,
+    ) -> Result<Arc<Self>, SkiffError> {
+        let caches = Arc::new(caches);
+        let lake = Arc::new(Self { catalog, caches, pinned, listing: RwLock::default() });
         lake.refresh().await?;
         Ok(lake)
     }
@@ -160,7 +166,7 @@ impl Lake {
                 Ok(Some(Arc::new(PhysicalTable::try_new(table, self.caches.clone())?)))
             }
             Resolved::Versions(base, list) => {
-                let mut tables = Vec::with_capacity(list.len());
+                let mut names = Vec::with_capacity(list.len());
                 for v in list {
                     let physical = version_name(&base, v);
                     if !self.exists(ns, &physical) {
@@ -175,8 +181,10 @@ impl Lake {
                                 .join(",")
                         )));
                     }
-                    tables.push(self.load(ns, &physical).await?);
+                    names.push(physical);
                 }
+                // Loaded at once: each load is a catalog (and often an object-store) round trip.
+                let tables = futures::future::try_join_all(names.iter().map(|n| self.load(ns, n))).await?;
                 Ok(Some(Arc::new(VersionedTable::try_new(tables, &self.caches)?)))
             }
         }

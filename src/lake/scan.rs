@@ -44,6 +44,7 @@ use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::file::metadata::ParquetMetaData;
 
 use super::cache::Caches;
+use super::data_cache::DataCache;
 use super::file_stats::{self, SnapshotFiles};
 use crate::engine::stats::QueryStats;
 
@@ -125,7 +126,14 @@ async fn plan_files(
     // literals: those filters are left to DataFusion, which applies every filter anyway.
     let safe: Vec<Expr> = filters.iter().filter(|f| safe_for_iceberg(f, schema)).cloned().collect();
     let names: Vec<String> = projected.fields().iter().map(|f| f.name().clone()).collect();
-    let mut builder = table.scan();
+    // Manifests are read MANIFEST_READS at a time (Iceberg's default is one per core, and a
+    // remote store spends tens of milliseconds per read); their entries stay one per core.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut builder = table
+        .scan()
+        .with_concurrency_limit(MANIFEST_READS)
+        .with_manifest_entry_concurrency_limit(cores)
+        .with_data_file_concurrency_limit(cores);
     builder = if names.is_empty() { builder.select_empty() } else { builder.select(names) };
     if let Some(p) = convert_filters_to_predicate(&safe) {
         builder = builder.with_filter(p);
@@ -156,6 +164,21 @@ fn has_evolved(table: &Table) -> bool {
     table.metadata().schemas_iter().len() > 1
 }
 
+/// What opening a file costs, in bytes read: locally about the time to decode 256 KiB; on
+/// a remote store two round trips (footer, then data) of tens of milliseconds each.
+const LOCAL_FILE_COST: u64 = 256 << 10;
+const REMOTE_FILE_COST: u64 = 8 << 20;
+
+/// The smallest byte range a large file is split into for parallel reading.
+const MIN_RANGE: u64 = 8 << 20;
+
+/// Manifests read at once while planning a scan.
+const MANIFEST_READS: usize = 32;
+
+/// Scan partitions per core for files on a remote store (S3, R2): with tens of milliseconds
+/// per request, a core can decode what many concurrent reads bring in.
+const REMOTE_PARTITIONS_PER_CORE: usize = 16;
+
 struct ParquetScan<'a> {
     table: &'a Table,
     schema: &'a SchemaRef,
@@ -173,7 +196,15 @@ impl ParquetScan<'_> {
         tasks: Vec<FileScanTask>,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
         let schema = self.schema;
-        let partitions = state.config().target_partitions().max(1);
+        // skiff makes the file groups (DataFusion's own re-split is off, see the engine). A
+        // remote file's reads mostly wait on the network, so more files are read at once than
+        // there are cores; each partition reads its files one after another.
+        let mut partitions = state.config().target_partitions().max(1);
+        let mut file_cost = LOCAL_FILE_COST;
+        if tasks.first().is_some_and(|t| DataCache::covers(&t.data_file_path)) {
+            partitions *= REMOTE_PARTITIONS_PER_CORE;
+            file_cost = REMOTE_FILE_COST;
+        }
         let total_rows: u64 = tasks.iter().map(|t| t.record_count.unwrap_or(0)).sum();
         let rows_known = tasks.iter().all(|t| t.record_count.is_some());
         // Manifest statistics of every planned file, when each one has them.
@@ -192,7 +223,7 @@ impl ParquetScan<'_> {
                 Precision::Absent
             }),
         };
-        let groups = split_into_groups(tasks, partitions, self.files);
+        let groups = split_into_groups(&tasks, partitions, file_cost, self.files);
 
         let options = TableParquetOptions {
             global: state.config_options().execution.parquet.clone(),
@@ -224,24 +255,48 @@ fn whole_file(t: &FileScanTask) -> bool {
     t.start == 0 && t.length == t.file_size_in_bytes
 }
 
-/// Spreads files over `n` groups by size (largest first onto the lightest group), so every
-/// core gets a similar share of bytes. Each file carries its manifest statistics, so a top-k
-/// can skip files whose bounds cannot beat what it already holds.
+/// Spreads files over `n` groups by cost (largest first onto the cheapest group), so every
+/// group gets a similar share of work: a file costs its bytes plus `per_file`, the bytes its
+/// opening is worth (on a remote store, a round trip per file outweighs most files' bytes). A file larger than a share is read as byte ranges by
+/// several groups (Parquet gives each range the row groups whose middle falls in it), so one
+/// large file still uses every core. Each whole file carries its manifest statistics, so a
+/// top-k can skip files whose bounds cannot beat what it already holds.
 fn split_into_groups(
-    mut tasks: Vec<FileScanTask>,
+    tasks: &[FileScanTask],
     n: usize,
+    per_file: u64,
     files: Option<&SnapshotFiles>,
 ) -> Vec<FileGroup> {
-    tasks.sort_by(|a, b| b.length.cmp(&a.length).then_with(|| a.data_file_path.cmp(&b.data_file_path)));
-    let mut groups: Vec<(u64, Vec<PartitionedFile>)> =
-        (0..n.min(tasks.len())).map(|_| (0, Vec::new())).collect();
+    let total: u64 = tasks.iter().map(|t| t.length).sum();
+    let share = total.div_ceil(n.max(1) as u64).max(MIN_RANGE);
+    let mut pieces: Vec<PartitionedFile> = Vec::with_capacity(tasks.len());
     for t in tasks {
-        let g = groups.iter_mut().min_by_key(|(bytes, _)| *bytes).expect("at least one group");
-        g.0 += t.length;
-        let mut f = partitioned_file(&t);
-        if let Some(st) = files.filter(|_| whole_file(&t)).and_then(|files| files.get(&t.data_file_path)) {
-            f = f.with_statistics(st.clone());
+        let end = t.start + t.length;
+        if t.length <= share {
+            let mut f = partitioned_file(t, t.start..end);
+            if let Some(st) = files.filter(|_| whole_file(t)).and_then(|files| files.get(&t.data_file_path)) {
+                f = f.with_statistics(st.clone());
+            }
+            pieces.push(f);
+            continue;
         }
+        let mut at = t.start;
+        while at < end {
+            let to = (at + share).min(end);
+            pieces.push(partitioned_file(t, at..to));
+            at = to;
+        }
+    }
+    pieces.sort_by(|a, b| {
+        b.effective_size()
+            .cmp(&a.effective_size())
+            .then_with(|| a.object_meta.location.cmp(&b.object_meta.location))
+    });
+    let mut groups: Vec<(u64, Vec<PartitionedFile>)> =
+        (0..n.min(pieces.len())).map(|_| (0, Vec::new())).collect();
+    for f in pieces {
+        let g = groups.iter_mut().min_by_key(|(cost, _)| *cost).expect("at least one group");
+        g.0 += f.effective_size() + per_file;
         g.1.push(f);
     }
     groups
@@ -268,18 +323,18 @@ fn newest_first(files: &mut [PartitionedFile]) {
     files.sort_by_cached_key(|f| std::cmp::Reverse(newest(f)));
 }
 
-/// A planned file for DataFusion. Its object-store path is only a label: the reader
-/// factory opens the real Iceberg location kept in `extensions`.
-fn partitioned_file(t: &FileScanTask) -> PartitionedFile {
+/// A planned file (or a byte range of it) for DataFusion. Its object-store path is only a
+/// label: the reader factory opens the real Iceberg location kept in `extensions`.
+fn partitioned_file(t: &FileScanTask, range: Range<u64>) -> PartitionedFile {
     let label = t.data_file_path.split_once("://").map(|(_, p)| p).unwrap_or(&t.data_file_path);
-    let mut f = if t.start == 0 && t.length == t.file_size_in_bytes {
+    let mut f = if range.start == 0 && range.end == t.file_size_in_bytes {
         PartitionedFile::new(label.to_string(), t.file_size_in_bytes)
     } else {
         PartitionedFile::new_with_range(
             label.to_string(),
             t.file_size_in_bytes,
-            t.start as i64,
-            (t.start + t.length) as i64,
+            range.start as i64,
+            range.end as i64,
         )
     };
     f.extensions = Some(Arc::new(t.data_file_path.clone()));
@@ -355,14 +410,34 @@ impl CountingReader {
         self.stats.requests.fetch_add(requests, Ordering::Relaxed);
         self.stats.bytes_scanned.fetch_add(bytes, Ordering::Relaxed);
     }
+
+    /// Reads `ranges`, through the data cache for remote files.
+    async fn read(&mut self, ranges: Vec<Range<u64>>) -> parquet::errors::Result<Vec<Bytes>> {
+        let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+        self.count(ranges.len() as u64, bytes);
+        let cache = self.caches.data.clone().filter(|_| DataCache::covers(&self.location));
+        if let Some(cache) = cache {
+            let lookup = cache.lookup(&self.location, self.size, &ranges).await;
+            let missing = lookup.missing();
+            let fetched = if missing.is_empty() { vec![] } else { self.fetch(missing).await? };
+            if let Some(all) = cache.complete(lookup, fetched).await {
+                return Ok(all);
+            }
+        }
+        self.fetch(ranges).await
+    }
+
+    async fn fetch(&mut self, ranges: Vec<Range<u64>>) -> parquet::errors::Result<Vec<Bytes>> {
+        let location = self.location.clone();
+        self.reader().await?.get_byte_ranges(ranges).await.map_err(|e| in_file(e, &location))
+    }
 }
 
 impl AsyncFileReader for CountingReader {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
         async move {
-            self.count(1, range.end - range.start);
-            let location = self.location.clone();
-            self.reader().await?.get_bytes(range).await.map_err(|e| in_file(e, &location))
+            let mut all = self.read(vec![range]).await?;
+            Ok(all.pop().expect("one range read"))
         }
         .boxed()
     }
@@ -371,13 +446,7 @@ impl AsyncFileReader for CountingReader {
         &mut self,
         ranges: Vec<Range<u64>>,
     ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
-        async move {
-            let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
-            self.count(ranges.len() as u64, bytes);
-            let location = self.location.clone();
-            self.reader().await?.get_byte_ranges(ranges).await.map_err(|e| in_file(e, &location))
-        }
-        .boxed()
+        self.read(ranges).boxed()
     }
 
     fn get_metadata<'a>(

@@ -182,10 +182,8 @@ impl TableProvider for VersionedTable {
             Some(p) => p.clone(),
             None => (0..self.schema.fields().len()).collect(),
         };
-        let mut branches = Vec::with_capacity(self.versions.len());
-        for v in &self.versions {
-            branches.push(self.scan_version(v, state, &columns, filters, limit).await?);
-        }
-        UnionExec::try_new(branches)
+        // Versions are planned at once: on a remote store planning waits on manifest reads.
+        let branches = self.versions.iter().map(|v| self.scan_version(v, state, &columns, filters, limit));
+        UnionExec::try_new(futures::future::try_join_all(branches).await?)
     }
 }

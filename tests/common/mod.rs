@@ -128,6 +128,9 @@ impl Server {
         // Tests of faults, limits and costs need every query to execute: the result cache is
         // off unless a test turns it on (tests/result_cache.rs).
         cmd.env("SKIFF_RESULT_CACHE_BYTES", "0");
+        // Likewise the data cache for remote files: fault tests need every read to reach the
+        // store (tests/faults.rs turns it on where it is under test).
+        cmd.env("SKIFF_DATA_CACHE_MEMORY", "0").env("SKIFF_DATA_CACHE_DISK", "0");
         if let Some(t) = opts.token {
             cmd.env("API_TOKEN", t);
         }
