@@ -291,6 +291,32 @@ fn a_cte_aggregation_used_several_times_is_computed_once() {
 }
 
 #[test]
+fn a_cte_read_twice_is_read_from_the_lake_once() {
+    let s = &lake().1;
+    let e = "SELECT device_id, event FROM glass.events WHERE event IN ('signup', 'purchase')";
+    let twice = format!(
+        "WITH e AS ({e}) SELECT (SELECT count(*) FROM e WHERE event = 'signup') AS signups, \
+         (SELECT count(DISTINCT device_id) FROM e) AS devices"
+    );
+    let plan = format!("{:?}", s.rows(&format!("EXPLAIN {twice}")));
+    assert!(plan.contains("SharedExec: consumers=2"), "{plan}");
+    // Filters stay above the shared scan, so both readers see every row of the CTE.
+    let inline = format!(
+        "SELECT (SELECT count(*) FROM ({e}) WHERE event = 'signup') AS signups, \
+         (SELECT count(DISTINCT device_id) FROM ({e})) AS devices"
+    );
+    assert_eq!(s.rows(&twice), s.rows(&inline));
+    // Not shared: a CTE with a volatile function (each reference may differ), or read once.
+    for sql in [
+        "WITH r AS (SELECT device_id, random() AS x FROM glass.events) SELECT (SELECT count(*) FROM r) AS a, (SELECT count(*) FROM r WHERE x < 2) AS b",
+        "WITH e AS (SELECT event FROM glass.events) SELECT count(*) AS n FROM e",
+    ] {
+        let plan = format!("{:?}", s.rows(&format!("EXPLAIN {sql}")));
+        assert!(!plan.contains("SharedExec"), "{sql}: {plan}");
+    }
+}
+
+#[test]
 fn windows_over_many_partitions_use_the_whole_partition_operator() {
     let s = &lake().1;
     let paths = std::fs::read_to_string(shared().join("bench/queries/paths.sql")).unwrap();

@@ -143,10 +143,12 @@ impl Engine {
             .iter()
             .position(|r| r.name().starts_with("FilterPushdown") && r.name().contains("Post"))
             .unwrap_or(rules.len().saturating_sub(1));
-        rules.insert(at, Arc::new(shared::ShareSubplans));
         rules.insert(at, Arc::new(window::WholePartitionWindows));
-        let state =
-            SessionStateBuilder::new_from_existing(state).with_physical_optimizer_rules(rules).build();
+        let state = SessionStateBuilder::new_from_existing(state)
+            .with_physical_optimizer_rules(rules)
+            .with_analyzer_rule(Arc::new(shared::ShareRepeatedSubqueries))
+            .with_query_planner(Arc::new(shared::Planner))
+            .build();
         let mut ctx = SessionContext::new_with_state(state);
         ctx.register_catalog(CATALOG, system::with_system_schema(lake.catalog_provider()));
         datafusion_functions_json::register_all(&mut ctx)?;

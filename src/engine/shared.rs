@@ -1,195 +1,316 @@
-//! Shared subplans. DataFusion inlines a CTE at every reference, so the funnel's `s1` (an
-//! aggregation over a scan) is planned and computed once per reference, four times. This
-//! physical optimizer rule finds aggregations that occur more than once, identical down to
-//! their scans, and computes each once: the first consumer of a partition materialises it,
-//! the others replay the kept batches.
+//! Shared subqueries. DataFusion inlines a CTE at every reference, so the funnel's `e` (a
+//! filtered scan of the events) is read six times, and `s1` (an aggregation over it)
+//! computed four times. skiff computes each repeated subquery that reads the lake once:
 //!
-//! It runs before DataFusion's last filter push-down, which adds dynamic filters (from joins
-//! and top-k) to scans. A shared subtree takes no filter from its parents, so no consumer's
-//! dynamic filter can change what another consumer reads.
+//! - an analyzer rule marks every repeated subquery (`SubqueryAlias`) with a `Shared` node,
+//!   before the optimiser runs. The node takes no filter, projection or limit from its
+//!   parents, so the optimiser plans every copy alike;
+//! - the physical planner turns each copy into a `SharedExec` over one shared state: the first
+//!   consumer of a partition materialises it, the others replay the kept batches, and the
+//!   last one frees them.
+//!
+//! A subquery whose output does not fit in a quarter of the memory pool is not kept: each
+//! consumer then computes it on its own, as without sharing. No consumer's dynamic filter
+//! (from a join or a top-k) can reach a shared subtree, since filters stop at the node.
 
 use std::any::Any;
+use std::cmp::Ordering as CmpOrdering;
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
+use async_trait::async_trait;
 use datafusion::common::config::ConfigOptions;
-use datafusion::datasource::source::DataSourceExec;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
+use datafusion::common::{DFSchemaRef, DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
-use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::execution::context::{QueryPlanner, SessionState};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryReservation};
+use datafusion::logical_expr::{
+    Expr, Extension, LogicalPlan, SubqueryAlias, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
+};
+use datafusion::optimizer::AnalyzerRule;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream, displayable,
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
 };
+use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
-/// The rule. Insert it before DataFusion's post-optimisation filter push-down.
+/// The analyzer rule; add it after DataFusion's own.
 #[derive(Debug, Default)]
-pub struct ShareSubplans;
+pub struct ShareRepeatedSubqueries;
 
-impl PhysicalOptimizerRule for ShareSubplans {
-    fn optimize(
-        &self,
-        plan: Arc<dyn ExecutionPlan>,
-        _config: &ConfigOptions,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let mut counts = HashMap::new();
-        count(&plan, &mut counts);
-        if !counts.values().any(|c| c.shareable && c.occurrences > 1) {
+impl AnalyzerRule for ShareRepeatedSubqueries {
+    fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
+        let mut counts: HashMap<LogicalPlan, usize> = HashMap::new();
+        plan.apply_with_subqueries(|node| {
+            if let LogicalPlan::SubqueryAlias(a) = node
+                && shareable(&a.input)?
+            {
+                *counts.entry(node.clone()).or_default() += 1;
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        counts.retain(|_, n| *n > 1);
+        if counts.is_empty() {
             return Ok(plan);
         }
-        // An inner aggregation repeated only because an outer shared one is repeated gains
-        // nothing from its own sharing: count consumers in the tree as it will be.
-        let mut shared: Vec<String> =
-            counts.iter().filter(|(_, c)| c.shareable && c.occurrences > 1).map(|(k, _)| k.clone()).collect();
-        loop {
-            let mut consumers = HashMap::new();
-            consumers_of(&plan, &shared, &mut consumers);
-            let before = shared.len();
-            shared.retain(|k| consumers.get(k).copied().unwrap_or(0) > 1);
-            if shared.len() == before {
-                let mut states = HashMap::new();
-                return Ok(rewrite(&plan, &consumers, &mut states)?.0);
+        // Every copy of one subquery gets the same share, inner repeats included (the copies
+        // are walked from their original, unmarked inputs).
+        let mut shares: HashMap<LogicalPlan, Arc<Share>> = HashMap::new();
+        let plan = plan
+            .transform_down_with_subqueries(|node| {
+                if !counts.contains_key(&node) {
+                    return Ok(Transformed::no(node));
+                }
+                let share = shares.entry(node.clone()).or_default().clone();
+                let LogicalPlan::SubqueryAlias(a) = node else { unreachable!("counted aliases only") };
+                let input = Arc::unwrap_or_clone(a.input);
+                let marked = LogicalPlan::Extension(Extension { node: Arc::new(Shared { input, share }) });
+                Ok(Transformed::yes(LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
+                    Arc::new(marked),
+                    a.alias,
+                )?)))
+            })?
+            .data;
+        // How many consumers each share has once shared: a shared subtree runs once, so the
+        // repeats inside it count once.
+        plan.apply_with_subqueries(|node| {
+            if let Some(shared) = as_shared(node) {
+                if shared.share.consumers.fetch_add(1, Ordering::Relaxed) > 0 {
+                    return Ok(TreeNodeRecursion::Jump);
+                }
             }
-        }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        Ok(plan)
     }
 
     fn name(&self) -> &str {
-        "share_subplans"
-    }
-
-    fn schema_check(&self) -> bool {
-        true
+        "share_repeated_subqueries"
     }
 }
 
-struct Count {
-    occurrences: usize,
-    shareable: bool,
+/// Worth sharing: reads the lake; safe to share: the same rows at every reference (no
+/// volatile function, no reference to an outer query).
+fn shareable(plan: &LogicalPlan) -> Result<bool> {
+    let mut scans = false;
+    let mut unsafe_ = false;
+    plan.apply_with_subqueries(|node| {
+        scans |= matches!(node, LogicalPlan::TableScan(_));
+        unsafe_ |= node.expressions().iter().any(|e| e.contains_outer() || e.is_volatile());
+        Ok(if unsafe_ { TreeNodeRecursion::Stop } else { TreeNodeRecursion::Continue })
+    })?;
+    Ok(scans && !unsafe_)
 }
 
-/// A node's identity: its own display, schema and its children's identities. Two nodes with
-/// the same key compute the same batches.
-fn key(node: &Arc<dyn ExecutionPlan>) -> String {
-    let children: Vec<String> = node.children().into_iter().map(key).collect();
-    node_key(node, &children)
-}
-
-fn node_key(node: &Arc<dyn ExecutionPlan>, children: &[String]) -> String {
-    format!("{}|{:?}|[{}]", displayable(node.as_ref()).one_line(), node.schema(), children.join(","))
-}
-
-fn count(node: &Arc<dyn ExecutionPlan>, counts: &mut HashMap<String, Count>) -> (String, bool) {
-    let mut reads = node.as_any().is::<DataSourceExec>();
-    let mut child_keys = Vec::new();
-    for child in node.children() {
-        let (k, r) = count(child, counts);
-        child_keys.push(k);
-        reads |= r;
+fn as_shared(node: &LogicalPlan) -> Option<&Shared> {
+    match node {
+        LogicalPlan::Extension(e) => e.node.as_any().downcast_ref::<Shared>(),
+        _ => None,
     }
-    let key = node_key(node, &child_keys);
-    let aggregate = node
-        .as_any()
-        .downcast_ref::<AggregateExec>()
-        .is_some_and(|a| !matches!(a.mode(), AggregateMode::Partial));
-    let c = counts.entry(key.clone()).or_insert(Count { occurrences: 0, shareable: aggregate && reads });
-    c.occurrences += 1;
-    (key, reads)
 }
 
-/// How many parents each shared subtree would have, walking a shared subtree only once.
-fn consumers_of(node: &Arc<dyn ExecutionPlan>, shared: &[String], consumers: &mut HashMap<String, usize>) {
-    for child in node.children() {
-        let k = key(child);
-        if shared.contains(&k) {
-            let n = consumers.entry(k).or_insert(0);
-            *n += 1;
-            if *n > 1 {
-                continue;
-            }
+/// One repeated subquery, across its copies: how many consumers it has, and (once planned)
+/// its physical state.
+#[derive(Default)]
+struct Share {
+    consumers: AtomicUsize,
+    state: OnceLock<Arc<SharedState>>,
+}
+
+impl fmt::Debug for Share {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Share").field("consumers", &self.consumers).finish()
+    }
+}
+
+/// The logical marker over one copy of a repeated subquery.
+#[derive(Debug, Clone)]
+struct Shared {
+    input: LogicalPlan,
+    share: Arc<Share>,
+}
+
+impl PartialEq for Shared {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.share, &other.share) && self.input == other.input
+    }
+}
+
+impl Eq for Shared {}
+
+impl PartialOrd for Shared {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        self.input.partial_cmp(&other.input)
+    }
+}
+
+impl Hash for Shared {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.input.hash(state);
+        Arc::as_ptr(&self.share).hash(state);
+    }
+}
+
+impl UserDefinedLogicalNodeCore for Shared {
+    fn name(&self) -> &str {
+        "Shared"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![&self.input]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        self.input.schema()
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "Shared: consumers={}", self.share.consumers.load(Ordering::Relaxed))
+    }
+
+    /// Every column, whatever a copy's parent needs: the copies must stay alike (and the
+    /// optimiser then still prunes the subquery's own scans to what it reads).
+    fn necessary_children_exprs(&self, _output_columns: &[usize]) -> Option<Vec<Vec<usize>>> {
+        Some(vec![(0..self.input.schema().fields().len()).collect()])
+    }
+
+    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, mut inputs: Vec<LogicalPlan>) -> Result<Self> {
+        if inputs.len() != 1 {
+            return Err(DataFusionError::Internal("Shared has one input".into()));
         }
-        consumers_of(child, shared, consumers);
+        Ok(Self { input: inputs.swap_remove(0), share: self.share.clone() })
     }
 }
 
-fn rewrite(
-    node: &Arc<dyn ExecutionPlan>,
-    consumers: &HashMap<String, usize>,
-    states: &mut HashMap<String, Arc<SharedState>>,
-) -> Result<(Arc<dyn ExecutionPlan>, bool)> {
-    let mut changed = false;
-    let mut children = Vec::new();
-    for child in node.children() {
-        let (c, ch) = rewrite(child, consumers, states)?;
-        changed |= ch;
-        children.push(c);
-    }
-    let new = if changed { node.clone().with_new_children(children)? } else { node.clone() };
-    match consumers.get(&key(node)) {
-        Some(&n) if n > 1 => {
-            let partitions = new.properties().partitioning.partition_count();
-            let state = states.entry(key(node)).or_insert_with(|| Arc::new(SharedState::new(partitions, n)));
-            Ok((Arc::new(SharedExec::new(new, state.clone())), true))
-        }
-        _ => Ok((new, changed)),
+/// DataFusion's planner, plus `Shared` nodes.
+#[derive(Debug, Default)]
+pub struct Planner;
+
+#[async_trait]
+impl QueryPlanner for Planner {
+    async fn create_physical_plan(
+        &self,
+        plan: &LogicalPlan,
+        state: &SessionState,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(SharedPlanner)])
+            .create_physical_plan(plan, state)
+            .await
     }
 }
 
-/// A partition's batches, taken by its last consumer.
-type Kept = std::result::Result<Arc<Mutex<Option<Vec<RecordBatch>>>>, Arc<DataFusionError>>;
+struct SharedPlanner;
+
+#[async_trait]
+impl ExtensionPlanner for SharedPlanner {
+    async fn plan_extension(
+        &self,
+        _planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        _logical_inputs: &[&LogicalPlan],
+        physical_inputs: &[Arc<dyn ExecutionPlan>],
+        _state: &SessionState,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(shared) = node.as_any().downcast_ref::<Shared>() else {
+            return Ok(None);
+        };
+        let input = physical_inputs[0].clone();
+        let share = &shared.share;
+        let state = share
+            .state
+            .get_or_init(|| Arc::new(SharedState::new(share.consumers.load(Ordering::Relaxed).max(1))));
+        Ok(Some(Arc::new(SharedExec::new(input, state.clone()))))
+    }
+}
+
+/// What became of a partition.
+enum Kept {
+    /// Its batches, until its last consumer takes them.
+    Batches(Mutex<Option<Vec<RecordBatch>>>),
+    /// Over its share of memory: every consumer computes the partition on its own.
+    TooLarge,
+    Failed(Arc<DataFusionError>),
+}
 
 /// One shared subtree's output: each partition computed once, kept until its last consumer
-/// has read it.
+/// has read it. Partitions are keyed by the copy's partition count too: should a later rule
+/// plan one copy differently, its partitions hold other rows and are never mixed up.
 struct SharedState {
-    partitions: Vec<OnceCell<Kept>>,
-    remaining: Vec<AtomicUsize>,
-    reservations: Mutex<Vec<Option<MemoryReservation>>>,
     consumers: usize,
+    cells: Mutex<HashMap<(usize, usize), Arc<Cell>>>,
 }
 
-/// A partition's batches for one consumer, or `None` when its last consumer took them.
-type Taken = Option<Vec<RecordBatch>>;
+struct Cell {
+    kept: OnceCell<Kept>,
+    remaining: AtomicUsize,
+    reservation: Mutex<Option<MemoryReservation>>,
+}
 
 impl SharedState {
-    fn new(partitions: usize, consumers: usize) -> Self {
-        Self {
-            partitions: (0..partitions).map(|_| OnceCell::new()).collect(),
-            remaining: (0..partitions).map(|_| AtomicUsize::new(consumers)).collect(),
-            reservations: Mutex::new((0..partitions).map(|_| None).collect()),
-            consumers,
-        }
+    fn new(consumers: usize) -> Self {
+        Self { consumers, cells: Mutex::default() }
     }
 
-    /// Runs a partition to its end, keeping its batches within the query's memory pool.
-    async fn materialise(&self, input: Arc<dyn ExecutionPlan>, p: usize, ctx: Arc<TaskContext>) -> Kept {
+    fn cell(&self, partitions: usize, p: usize) -> Arc<Cell> {
+        let mut cells = self.cells.lock().expect("cells");
+        cells
+            .entry((partitions, p))
+            .or_insert_with(|| {
+                Arc::new(Cell {
+                    kept: OnceCell::new(),
+                    remaining: AtomicUsize::new(self.consumers),
+                    reservation: Mutex::default(),
+                })
+            })
+            .clone()
+    }
+}
+
+impl Cell {
+    /// Runs a partition to its end, keeping its batches within its share of the memory
+    /// pool (a quarter of the pool over all partitions).
+    async fn materialise(&self, input: &Arc<dyn ExecutionPlan>, p: usize, ctx: Arc<TaskContext>) -> Kept {
+        let partitions = input.properties().partitioning.partition_count().max(1);
+        let limit = match ctx.memory_pool().memory_limit() {
+            MemoryLimit::Finite(n) => n / 4 / partitions,
+            _ => usize::MAX,
+        };
         let run = async {
             let reservation = MemoryConsumer::new(format!("SharedExec[{p}]")).register(ctx.memory_pool());
             let mut stream = input.execute(p, ctx)?;
             let mut batches = Vec::new();
             while let Some(batch) = stream.next().await {
                 let batch = batch?;
-                reservation.try_grow(sliced_size(&batch))?;
+                let size = sliced_size(&batch);
+                if reservation.size() + size > limit || reservation.try_grow(size).is_err() {
+                    return Ok(Kept::TooLarge);
+                }
                 batches.push(batch);
             }
-            self.reservations.lock().expect("reservations")[p] = Some(reservation);
-            Ok(Arc::new(Mutex::new(Some(batches))))
+            *self.reservation.lock().expect("reservation") = Some(reservation);
+            Ok(Kept::Batches(Mutex::new(Some(batches))))
         };
-        run.await.map_err(Arc::new)
+        run.await.unwrap_or_else(|e: DataFusionError| Kept::Failed(Arc::new(e)))
     }
 
-    /// A consumer's copy of a partition; the last consumer takes the kept batches and frees
-    /// their memory once it has streamed them.
-    fn take(&self, p: usize, kept: &Mutex<Option<Vec<RecordBatch>>>) -> Taken {
+    /// A consumer's copy of the batches, or `None` when the last consumer took them. The
+    /// last consumer takes them and frees their memory once it has streamed them.
+    fn take(&self, kept: &Mutex<Option<Vec<RecordBatch>>>) -> Option<Vec<RecordBatch>> {
         let mut guard = kept.lock().expect("kept batches");
-        if self.remaining[p].fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.reservations.lock().expect("reservations")[p] = None;
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            *self.reservation.lock().expect("reservation") = None;
             guard.take()
         } else {
             guard.clone()
@@ -270,25 +391,86 @@ impl ExecutionPlan for SharedExec {
         Ok(Arc::new(SharedExec::new(children.swap_remove(0), self.state.clone())))
     }
 
+    /// Nothing below a shared subtree is repartitioned for its consumers' sake.
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        if partition >= self.state.partitions.len() {
-            return Err(DataFusionError::Internal(format!("SharedExec has no partition {partition}")));
-        }
-        let state = self.state.clone();
+        let cell = self.state.cell(self.properties.partitioning.partition_count(), partition);
         let input = self.input.clone();
         let batches = futures::stream::once(async move {
-            let cell = &state.partitions[partition];
-            let kept = cell.get_or_init(|| state.materialise(input.clone(), partition, ctx.clone())).await;
+            let kept = cell.kept.get_or_init(|| cell.materialise(&input, partition, ctx.clone())).await;
             match kept {
-                Ok(kept) => match state.take(partition, kept) {
+                Kept::Batches(kept) => match cell.take(kept) {
                     Some(batches) => Ok(futures::stream::iter(batches.into_iter().map(Ok)).boxed()),
                     // More readers than counted: compute it again rather than fail.
                     None => input.execute(partition, ctx).map(|s| s.boxed()),
                 },
-                Err(e) => Err(DataFusionError::Shared(e.clone())),
+                Kept::TooLarge => input.execute(partition, ctx).map(|s| s.boxed()),
+                Kept::Failed(e) => Err(DataFusionError::Shared(e.clone())),
             }
         })
         .try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema(), batches)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::execution::memory_pool::GreedyMemoryPool;
+    use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+
+    use super::*;
+
+    fn input(rows: i64) -> Arc<dyn ExecutionPlan> {
+        let schema = Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, false)]));
+        let batch =
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from_iter_values(0..rows))])
+                .unwrap();
+        MemorySourceConfig::try_new_exec(&[vec![batch]], schema, None).unwrap()
+    }
+
+    fn task(pool: usize) -> Arc<TaskContext> {
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_pool(Arc::new(GreedyMemoryPool::new(pool)))
+            .build_arc()
+            .unwrap();
+        Arc::new(TaskContext::default().with_runtime(runtime))
+    }
+
+    async fn rows(plan: &SharedExec, ctx: &Arc<TaskContext>) -> usize {
+        let batches: Vec<RecordBatch> = plan.execute(0, ctx.clone()).unwrap().try_collect().await.unwrap();
+        batches.iter().map(RecordBatch::num_rows).sum()
+    }
+
+    // The copies' inputs differ here only to show which one ran.
+
+    #[tokio::test]
+    async fn copies_share_one_computation_and_the_last_frees_it() {
+        let state = Arc::new(SharedState::new(2));
+        let (first, second) =
+            (SharedExec::new(input(1000), state.clone()), SharedExec::new(input(5), state.clone()));
+        let ctx = task(64 << 20);
+        assert_eq!(rows(&first, &ctx).await, 1000);
+        assert!(matches!(state.cell(1, 0).kept.get(), Some(Kept::Batches(_))));
+        assert!(ctx.memory_pool().reserved() > 0, "kept within the pool");
+        assert_eq!(rows(&second, &ctx).await, 1000, "replayed, not computed again");
+        assert_eq!(ctx.memory_pool().reserved(), 0, "freed by the last consumer");
+    }
+
+    #[tokio::test]
+    async fn a_subquery_too_large_to_keep_is_computed_by_each_consumer() {
+        let state = Arc::new(SharedState::new(2));
+        let (first, second) =
+            (SharedExec::new(input(100_000), state.clone()), SharedExec::new(input(5), state.clone()));
+        let ctx = task(64 << 10);
+        assert_eq!(rows(&first, &ctx).await, 100_000);
+        assert!(matches!(state.cell(1, 0).kept.get(), Some(Kept::TooLarge)));
+        assert_eq!(rows(&second, &ctx).await, 5, "computed on its own");
+        assert_eq!(ctx.memory_pool().reserved(), 0);
     }
 }

@@ -256,10 +256,10 @@ fn whole_file(t: &FileScanTask) -> bool {
 }
 
 /// Spreads files over `n` groups by cost (largest first onto the cheapest group), so every
-/// group gets a similar share of work: a file costs its bytes plus `per_file`, the bytes its
-/// opening is worth (on a remote store, a round trip per file outweighs most files' bytes). A file larger than a share is read as byte ranges by
-/// several groups (Parquet gives each range the row groups whose middle falls in it), so one
-/// large file still uses every core. Each whole file carries its manifest statistics, so a
+/// group gets a similar share of work: a file costs its bytes plus `per_file`, what opening
+/// it is worth (on a remote store a round trip outweighs most files' bytes). A file larger
+/// than a share is read as byte ranges by several groups (Parquet gives each range the row
+/// groups whose middle falls in it), so one large file still uses every core. Each whole file carries its manifest statistics, so a
 /// top-k can skip files whose bounds cannot beat what it already holds.
 fn split_into_groups(
     tasks: &[FileScanTask],
@@ -546,4 +546,55 @@ impl PartitionStream for IcebergPartition {
 
 fn ext(e: iceberg::Error) -> DataFusionError {
     DataFusionError::External(Box::new(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use iceberg::spec::{DataFileFormat, Schema as IcebergSchema};
+
+    use super::*;
+
+    fn task(name: &str, size: u64) -> FileScanTask {
+        FileScanTask::builder()
+            .with_file_size_in_bytes(size)
+            .with_start(0)
+            .with_length(size)
+            .with_data_file_path(format!("s3://bucket/{name}.parquet"))
+            .with_data_file_format(DataFileFormat::Parquet)
+            .with_schema(Arc::new(IcebergSchema::builder().build().unwrap()))
+            .with_project_field_ids(vec![])
+            .with_case_sensitive(true)
+            .build()
+    }
+
+    #[test]
+    fn groups_share_files_as_well_as_bytes() {
+        // By bytes alone, one group would take the large file and the others every small one.
+        let mut tasks = vec![task("large", 4 << 20)];
+        tasks.extend((0..99).map(|i| task(&format!("small-{i}"), 40 << 10)));
+        let groups = split_into_groups(&tasks, 4, REMOTE_FILE_COST, None);
+        let counts: Vec<usize> = groups.iter().map(|g| g.len()).collect();
+        assert_eq!(counts.iter().sum::<usize>(), 100, "every file once");
+        assert!(counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1, "{counts:?}");
+    }
+
+    #[test]
+    fn a_large_file_is_read_in_ranges_by_every_group() {
+        let size = 64 << 20;
+        let groups = split_into_groups(&[task("huge", size)], 4, LOCAL_FILE_COST, None);
+        assert_eq!(groups.len(), 4);
+        let mut ranges: Vec<(i64, i64)> = groups
+            .iter()
+            .flat_map(|g| g.iter())
+            .map(|f| f.range.as_ref().map(|r| (r.start, r.end)).expect("a range"))
+            .collect();
+        ranges.sort();
+        assert_eq!(ranges.first().unwrap().0, 0);
+        assert_eq!(ranges.last().unwrap().1, size as i64);
+        assert!(ranges.windows(2).all(|w| w[0].1 == w[1].0), "contiguous: {ranges:?}");
+        // A small file stays whole, with no range.
+        let groups = split_into_groups(&[task("small", 1 << 20)], 4, LOCAL_FILE_COST, None);
+        assert_eq!(groups.len(), 1);
+        assert!(groups[0].iter().all(|f| f.range.is_none()));
+    }
 }
