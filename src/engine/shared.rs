@@ -82,10 +82,10 @@ impl AnalyzerRule for ShareRepeatedSubqueries {
         // How many consumers each share has once shared: a shared subtree runs once, so the
         // repeats inside it count once.
         plan.apply_with_subqueries(|node| {
-            if let Some(shared) = as_shared(node) {
-                if shared.share.consumers.fetch_add(1, Ordering::Relaxed) > 0 {
-                    return Ok(TreeNodeRecursion::Jump);
-                }
+            if let Some(shared) = as_shared(node)
+                && shared.share.consumers.fetch_add(1, Ordering::Relaxed) > 0
+            {
+                return Ok(TreeNodeRecursion::Jump);
             }
             Ok(TreeNodeRecursion::Continue)
         })?;

@@ -291,9 +291,9 @@ mod tests {
     #[tokio::test]
     async fn a_short_answer_is_not_cached() {
         let cache = DataCache::new(64 << 20, 0, Path::new("unused")).unwrap().unwrap();
-        let lookup = cache.lookup("s3://b/f", 2 * CHUNK, &[0..2 * CHUNK]).await;
+        let lookup = cache.lookup("s3://b/f", 2 * CHUNK, std::slice::from_ref(&(0..2 * CHUNK))).await;
         assert!(cache.complete(lookup, vec![Bytes::from_static(b"short")]).await.is_none());
-        let lookup = cache.lookup("s3://b/f", 2 * CHUNK, &[0..10]).await;
+        let lookup = cache.lookup("s3://b/f", 2 * CHUNK, std::slice::from_ref(&(0..10))).await;
         assert_eq!(lookup.missing(), vec![0..CHUNK]);
     }
 
@@ -308,7 +308,7 @@ mod tests {
         assert!(!stale.exists());
         assert!(dir.path().join("keep.txt").exists());
         let data = file(10 * CHUNK as usize);
-        read(&cache, &data, &[0..data.len() as u64]).await;
+        read(&cache, &data, std::slice::from_ref(&(0..data.len() as u64))).await;
         let disk = cache.disk.as_ref().unwrap();
         let mut on_disk = u64::MAX;
         for _ in 0..200 {
