@@ -120,8 +120,8 @@ impl Engine {
         // The lake's schema declares strings as Utf8; reading them as views only to cast back
         // would cost time for nothing.
         opts.execution.parquet.schema_force_view_types = false;
-        // The lake scan makes its own file groups (balanced by size, newest first, more of
-        // them on a remote store); DataFusion re-splitting them would undo that.
+        // The lake scan makes its own file groups (balanced by bytes and file count, newest
+        // first, more of them on a remote store); DataFusion re-splitting them would undo that.
         opts.optimizer.repartition_file_scans = false;
         for (key, value) in &tuning.datafusion_options {
             opts.set(key, value)

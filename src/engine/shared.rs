@@ -447,13 +447,16 @@ mod tests {
         batches.iter().map(RecordBatch::num_rows).sum()
     }
 
-    // The copies' inputs differ here only to show which one ran.
+    /// Two copies of one shared subquery, the first over `rows` rows, the second over 5: the
+    /// inputs differ here only to show which one ran.
+    fn copies(rows: i64) -> (Arc<SharedState>, SharedExec, SharedExec) {
+        let state = Arc::new(SharedState::new(2));
+        (state.clone(), SharedExec::new(input(rows), state.clone()), SharedExec::new(input(5), state))
+    }
 
     #[tokio::test]
     async fn copies_share_one_computation_and_the_last_frees_it() {
-        let state = Arc::new(SharedState::new(2));
-        let (first, second) =
-            (SharedExec::new(input(1000), state.clone()), SharedExec::new(input(5), state.clone()));
+        let (state, first, second) = copies(1000);
         let ctx = task(64 << 20);
         assert_eq!(rows(&first, &ctx).await, 1000);
         assert!(matches!(state.cell(1, 0).kept.get(), Some(Kept::Batches(_))));
@@ -464,9 +467,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_subquery_too_large_to_keep_is_computed_by_each_consumer() {
-        let state = Arc::new(SharedState::new(2));
-        let (first, second) =
-            (SharedExec::new(input(100_000), state.clone()), SharedExec::new(input(5), state.clone()));
+        let (state, first, second) = copies(100_000);
         let ctx = task(64 << 10);
         assert_eq!(rows(&first, &ctx).await, 100_000);
         assert!(matches!(state.cell(1, 0).kept.get(), Some(Kept::TooLarge)));
