@@ -367,12 +367,13 @@ impl ParquetFileReaderFactory for FileIoReaderFactory {
         self.stats.files_scanned.fetch_add(1, Ordering::Relaxed);
         self.stats.opened(&location);
         Ok(Box::new(CountingReader {
-            location,
             size: file.object_meta.size,
             input,
             inner: None,
             stats: self.stats.clone(),
+            data: self.caches.data.clone().filter(|_| DataCache::covers(&location)),
             caches: self.caches.clone(),
+            location,
         }))
     }
 }
@@ -386,6 +387,8 @@ struct CountingReader {
     inner: Option<ArrowFileReader>,
     stats: Arc<QueryStats>,
     caches: Arc<Caches>,
+    /// The data cache, when this file is remote (decided once per file).
+    data: Option<Arc<DataCache>>,
 }
 
 /// A file's reader lives while its rows are decoded: a decoding error is then in it.
@@ -415,8 +418,7 @@ impl CountingReader {
     async fn read(&mut self, ranges: Vec<Range<u64>>) -> parquet::errors::Result<Vec<Bytes>> {
         let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
         self.count(ranges.len() as u64, bytes);
-        let cache = self.caches.data.clone().filter(|_| DataCache::covers(&self.location));
-        if let Some(cache) = cache {
+        if let Some(cache) = self.data.clone() {
             let lookup = cache.lookup(&self.location, self.size, &ranges).await;
             let missing = lookup.missing();
             let fetched = if missing.is_empty() { vec![] } else { self.fetch(missing).await? };
