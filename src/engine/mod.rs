@@ -144,6 +144,7 @@ impl Engine {
             .position(|r| r.name().starts_with("FilterPushdown") && r.name().contains("Post"))
             .unwrap_or(rules.len().saturating_sub(1));
         rules.insert(at, Arc::new(window::WholePartitionWindows));
+        rules.push(Arc::new(crate::lake::DynamicRowFilters));
         let state = SessionStateBuilder::new_from_existing(state)
             .with_physical_optimizer_rules(rules)
             .with_analyzer_rule(Arc::new(shared::ShareRepeatedSubqueries))

@@ -14,6 +14,7 @@ use parquet::file::metadata::ParquetMetaData;
 
 use super::data_cache::DataCache;
 use super::file_stats::SnapshotFiles;
+use super::row_filter::Sample;
 use crate::observe::metrics;
 
 /// Manifests and manifest lists kept, by count (one is a few KiB per data file it lists).
@@ -22,6 +23,8 @@ const MANIFESTS: u64 = 20_000;
 const FOOTER_BYTES: u64 = 128 * 1024 * 1024;
 /// Per-snapshot file statistics kept (one per table version, plus a few older snapshots).
 const SNAPSHOTS: u64 = 256;
+/// Measured filter selectivities kept (one per sampled file and filter, a few hundred bytes).
+const SELECTIVITIES: u64 = 10_000;
 /// A loaded table is reused while the catalog points at the same metadata file, but not for
 /// longer than this: its `FileIO` may hold credentials the catalog vended for a limited time.
 const TABLE_REUSE: Duration = Duration::from_secs(300);
@@ -40,6 +43,8 @@ pub struct Caches {
     manifests: moka::future::Cache<String, Arc<Manifest>>,
     snapshots: moka::future::Cache<(String, i32), Arc<SnapshotFiles>>,
     footers: moka::future::Cache<String, Arc<ParquetMetaData>>,
+    /// (file, filter, columns) → what a sample of the file says about the filter.
+    selectivities: moka::future::Cache<String, Sample>,
     /// Data-file bytes from remote stores, when configured.
     pub data: Option<Arc<DataCache>>,
 }
@@ -61,6 +66,7 @@ impl Caches {
                 .weigher(|_, m: &Arc<ParquetMetaData>| m.memory_size().min(u32::MAX as usize) as u32)
                 .max_capacity(FOOTER_BYTES)
                 .build(),
+            selectivities: moka::future::Cache::new(SELECTIVITIES),
             data,
         }
     }
@@ -141,5 +147,19 @@ impl Caches {
 
     pub async fn put_footer(&self, location: String, metadata: Arc<ParquetMetaData>) {
         self.footers.insert(location, metadata).await;
+    }
+
+    pub async fn selectivity(&self, key: &str) -> Option<Sample> {
+        let hit = self.selectivities.get(key).await;
+        if hit.is_some() {
+            metrics::cache_hit("selectivity")
+        } else {
+            metrics::cache_miss("selectivity")
+        }
+        hit
+    }
+
+    pub async fn put_selectivity(&self, key: String, sample: Sample) {
+        self.selectivities.insert(key, sample).await;
     }
 }

@@ -7,6 +7,7 @@
 pub mod cache;
 pub mod data_cache;
 mod file_stats;
+mod row_filter;
 pub mod scan;
 mod table;
 pub mod versions;
@@ -26,6 +27,7 @@ use iceberg::{Catalog, NamespaceIdent, TableIdent};
 use crate::error::SkiffError;
 use crate::observe::metrics;
 use cache::Caches;
+pub use row_filter::DynamicRowFilters;
 pub use table::versions_read;
 use table::{PhysicalTable, VersionedTable};
 use versions::{PinnedVersions, split_version, version_name};

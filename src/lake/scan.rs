@@ -46,6 +46,7 @@ use parquet::file::metadata::ParquetMetaData;
 use super::cache::Caches;
 use super::data_cache::DataCache;
 use super::file_stats::{self, SnapshotFiles};
+use super::row_filter;
 use crate::engine::stats::QueryStats;
 
 /// The Arrow schema skiff exposes for an Iceberg table: Iceberg's own mapping, without the
@@ -111,7 +112,16 @@ pub async fn scan(
             None
         }
     };
-    let scan = ParquetScan { table, schema, caches, files: files.as_deref(), stats };
+    let factory = Arc::new(FileIoReaderFactory {
+        file_io: table.file_io().clone(),
+        stats: stats.clone(),
+        caches: caches.clone(),
+    });
+    let row_filter = row_filter::pays(state, schema, &projected, filters, &tasks, caches, |t| {
+        factory.open(t.data_file_path.clone(), t.file_size_in_bytes)
+    })
+    .await;
+    let scan = ParquetScan { schema, files: files.as_deref(), factory, row_filter };
     scan.build(state, projection, limit, tasks)
 }
 
@@ -180,11 +190,11 @@ const MANIFEST_READS: usize = 32;
 const REMOTE_PARTITIONS_PER_CORE: usize = 16;
 
 struct ParquetScan<'a> {
-    table: &'a Table,
     schema: &'a SchemaRef,
-    caches: &'a Arc<Caches>,
     files: Option<&'a SnapshotFiles>,
-    stats: Arc<QueryStats>,
+    factory: Arc<FileIoReaderFactory>,
+    /// Whether the scan's own filters are applied while decoding (see `row_filter`).
+    row_filter: bool,
 }
 
 impl ParquetScan<'_> {
@@ -225,18 +235,17 @@ impl ParquetScan<'_> {
         };
         let groups = split_into_groups(&tasks, partitions, file_cost, self.files);
 
-        let options = TableParquetOptions {
+        let mut options = TableParquetOptions {
             global: state.config_options().execution.parquet.clone(),
             ..Default::default()
         };
-        let factory = Arc::new(FileIoReaderFactory {
-            file_io: self.table.file_io().clone(),
-            stats: self.stats,
-            caches: self.caches.clone(),
-        });
+        if self.row_filter {
+            options.global.pushdown_filters = true;
+            options.global.reorder_filters = true;
+        }
         let source = ParquetSource::new(schema.clone())
             .with_table_parquet_options(options)
-            .with_parquet_file_reader_factory(factory);
+            .with_parquet_file_reader_factory(self.factory);
         // No predicate here: DataFusion pushes the filters above this scan into it (for
         // pruning, and as a row filter with `pushdown_filters`); setting them here as well
         // would evaluate every filter twice.
@@ -363,24 +372,30 @@ impl ParquetFileReaderFactory for FileIoReaderFactory {
             .and_then(|e| e.downcast_ref::<String>())
             .cloned()
             .ok_or_else(|| DataFusionError::Internal("planned file without its location".into()))?;
-        let input = self.file_io.new_input(&location).map_err(ext)?;
         self.stats.files_scanned.fetch_add(1, Ordering::Relaxed);
+        Ok(Box::new(self.open(location, file.object_meta.size).map_err(ext)?))
+    }
+}
+
+impl FileIoReaderFactory {
+    fn open(&self, location: String, size: u64) -> iceberg::Result<CountingReader> {
+        let input = self.file_io.new_input(&location)?;
         self.stats.opened(&location);
-        Ok(Box::new(CountingReader {
-            size: file.object_meta.size,
+        Ok(CountingReader {
+            size,
             input,
             inner: None,
             stats: self.stats.clone(),
             data: self.caches.data.clone().filter(|_| DataCache::covers(&location)),
             caches: self.caches.clone(),
             location,
-        }))
+        })
     }
 }
 
 /// An `AsyncFileReader` that opens the Iceberg reader on first use (opening is async, the
 /// factory is not) and counts requests and bytes for the query's metrics.
-struct CountingReader {
+pub(super) struct CountingReader {
     location: String,
     size: u64,
     input: iceberg::io::InputFile,

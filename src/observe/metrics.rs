@@ -18,8 +18,16 @@ const DURATION_BUCKETS: &[f64] =
 const WAIT_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
 /// Caches whose counters are shown (at zero) before their first hit or miss.
-const KNOWN_CACHES: &[&str] =
-    &["table_list", "result", "table", "manifest_list", "manifest", "snapshot_files", "parquet_footer"];
+const KNOWN_CACHES: &[&str] = &[
+    "table_list",
+    "result",
+    "table",
+    "manifest_list",
+    "manifest",
+    "snapshot_files",
+    "parquet_footer",
+    "selectivity",
+];
 
 struct Registry {
     started: SystemTime,
