@@ -321,7 +321,7 @@ fn windows_over_many_partitions_use_the_whole_partition_operator() {
     let s = &lake().1;
     let paths = std::fs::read_to_string(shared().join("bench/queries/paths.sql")).unwrap();
     let plan = format!("{:?}", s.rows(&format!("EXPLAIN {paths}")));
-    assert!(plan.contains("WindowAggExec") && !plan.contains("BoundedWindowAggExec"), "{plan}");
+    assert!(plan.contains("SortedWindowExec") && !plan.contains("BoundedWindowAggExec"), "{plan}");
     // A window without PARTITION BY keeps the streaming operator (it would buffer everything).
     let plan =
         format!("{:?}", s.rows("EXPLAIN SELECT row_number() OVER (ORDER BY timestamp) FROM glass.events"));
@@ -348,4 +348,80 @@ fn windows_over_many_partitions_use_the_whole_partition_operator() {
         }
         last = Some((sid, rn));
     }
+    // skiff's own lead/lag/row_number agree with DataFusion's operator, which runs them when
+    // the same window also has a function skiff leaves to it (sum).
+    let w = "OVER (PARTITION BY session_id ORDER BY timestamp, event_id)";
+    let shifts = format!(
+        "session_id, timestamp, event_id, row_number() {w} AS rn, lead(url) {w} AS next, \
+         lead(url, 2, 'none') {w} AS next2, lag(event, 1) {w} AS prev, lag(revenue, 3, -1.5) {w} AS r3, \
+         lead(url, -1) {w} AS back, lead(utm_source, 1, NULL) {w} AS src"
+    );
+    let order = "ORDER BY session_id, timestamp, event_id LIMIT 5000";
+    let ours = format!("SELECT {shifts} FROM glass.events WHERE project_id = 'proj_beta' {order}");
+    let theirs =
+        format!("SELECT {shifts}, sum(1) {w} AS s FROM glass.events WHERE project_id = 'proj_beta' {order}");
+    let plan = format!("{:?}", s.rows(&format!("EXPLAIN {ours}")));
+    assert!(plan.contains("SortedWindowExec"), "{plan}");
+    let plan = format!("{:?}", s.rows(&format!("EXPLAIN {theirs}")));
+    assert!(!plan.contains("SortedWindowExec") && plan.contains("WindowAggExec"), "{plan}");
+    let mut expected = s.rows(&theirs);
+    for r in &mut expected {
+        r.as_object_mut().unwrap().remove("s");
+    }
+    let got = s.rows(&ours);
+    assert!(got.len() > 1000);
+    assert!(got.iter().any(|r| r["next2"] == "none") && got.iter().any(|r| r["r3"] == -1.5), "defaults used");
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn scans_filter_rows_while_decoding_only_when_it_pays() {
+    let s = &lake().1;
+    let physical = |sql: &str| {
+        let rows = s.rows(&format!("EXPLAIN {sql}"));
+        let plan = rows.iter().find(|r| r["plan_type"] == "physical_plan").expect("a physical plan");
+        plan["plan"].as_str().unwrap().to_string()
+    };
+    let person = s.rows(
+        "SELECT person_id FROM glass.events WHERE person_id IS NOT NULL \
+         GROUP BY person_id ORDER BY count(*) DESC, person_id LIMIT 1",
+    )[0]["person_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // A needle with wide columns to read: the scans apply the filter (no FilterExec above).
+    let needle = format!(
+        "SELECT timestamp, event_id, url, props FROM glass.events WHERE person_id = '{person}' \
+         ORDER BY timestamp, event_id"
+    );
+    let plan = physical(&needle);
+    assert!(!plan.contains("FilterExec") && plan.contains("person_id"), "{plan}");
+    // The same rows as when the filter cannot reach the scan (it does not pass a LIMIT).
+    let above = format!(
+        "SELECT timestamp, event_id, url, props FROM \
+         (SELECT * FROM glass.events LIMIT 1000000000) WHERE person_id = '{person}' \
+         ORDER BY timestamp, event_id"
+    );
+    assert!(physical(&above).contains("FilterExec"));
+    let rows = s.rows(&needle);
+    assert!(!rows.is_empty());
+    assert_eq!(rows, s.rows(&above));
+    // Most rows match, or nothing wide is left to skip: decoded first, filtered after.
+    for sql in [
+        "SELECT url, props FROM glass.events WHERE project_id = 'proj_alpha'".to_string(),
+        format!("SELECT count(*) AS n FROM glass.events WHERE person_id = '{person}'"),
+    ] {
+        assert!(physical(&sql).contains("FilterExec"), "{sql}");
+    }
+    // Under a top-k, the scans filter by its bound while decoding, and the filter above them
+    // is folded in; the answer is unchanged.
+    let top = "SELECT timestamp, event_id, url FROM glass.events WHERE project_id = 'proj_beta' \
+               ORDER BY timestamp DESC, event_id LIMIT 20";
+    let plan = physical(top);
+    assert!(!plan.contains("FilterExec") && plan.contains("DynamicFilter"), "{plan}");
+    let all = s.rows(
+        "SELECT timestamp, event_id, url FROM (SELECT * FROM glass.events LIMIT 1000000000) \
+         WHERE project_id = 'proj_beta' ORDER BY timestamp DESC, event_id LIMIT 20",
+    );
+    assert_eq!(s.rows(top), all);
 }

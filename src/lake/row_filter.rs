@@ -16,22 +16,22 @@ use arrow::compute::{cast, concat_batches};
 use arrow::datatypes::{Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use datafusion::catalog::Session;
+use datafusion::common::DFSchema;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::datasource::physical_plan::{FileScanConfigBuilder, FileSource, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
-use datafusion::physical_expr::expressions::{Column, DynamicFilterPhysicalExpr};
-use datafusion::physical_expr::split_conjunction;
-use datafusion::physical_expr::utils::reassign_expr_columns;
-use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::filter::FilterExec;
-use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::ExecutionPlan;
-use datafusion::common::DFSchema;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::logical_expr::Expr;
 use datafusion::logical_expr::utils::conjunction;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::{Column, DynamicFilterPhysicalExpr};
+use datafusion::physical_expr::split_conjunction;
+use datafusion::physical_expr::utils::reassign_expr_columns;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
 use futures::TryStreamExt;
 use iceberg::scan::FileScanTask;
 use parquet::arrow::ParquetRecordBatchStreamBuilder;
@@ -167,7 +167,11 @@ async fn measure(
 pub struct DynamicRowFilters;
 
 impl PhysicalOptimizerRule for DynamicRowFilters {
-    fn optimize(&self, plan: Arc<dyn ExecutionPlan>, _config: &ConfigOptions) -> DFResult<Arc<dyn ExecutionPlan>> {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
         plan.transform_down(|node| {
             if let Some(filter) = node.as_any().downcast_ref::<FilterExec>()
                 && filter.fetch().is_none()
