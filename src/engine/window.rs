@@ -13,13 +13,14 @@ use std::any::Any;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch, UInt32Array, UInt64Array};
+use arrow::datatypes::SchemaRef;
 use arrow::compute::{cast, concat_batches, take};
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DataFusionError, ScalarValue};
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
-use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::expressions::Literal;
 use datafusion::physical_expr::window::{StandardWindowExpr, WindowExpr};
 use datafusion::physical_expr::{Distribution, OrderingRequirements, PhysicalExpr};
@@ -162,9 +163,8 @@ impl Shift {
     }
 }
 
-/// `lead`, `lag` and `row_number` over input sorted by partition keys, for every partition at
-/// once. It buffers its input partition as `WindowAggExec` does (accounted in the memory
-/// pool), and takes its plan properties and input requirements from that equivalent
+/// `lead`, `lag` and `row_number` over input sorted by partition keys, many partitions at a
+/// time, streaming. It takes its plan properties and input requirements from the equivalent
 /// `WindowAggExec`.
 #[derive(Debug)]
 pub struct SortedWindowExec {
@@ -236,67 +236,103 @@ impl ExecutionPlan for SortedWindowExec {
     }
 
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let input = self.whole.input().execute(partition, ctx.clone())?;
-        let schema = self.schema();
-        let (shifts, keys) = (self.shifts.clone(), self.partition_by.clone());
-        let reservation =
-            MemoryConsumer::new(format!("SortedWindowExec[{partition}]")).register(ctx.memory_pool());
-        let batch_size = ctx.session_config().batch_size();
-        let out = schema.clone();
-        let batches = futures::stream::once(async move {
-            let input_schema = input.schema();
-            let mut input = input;
-            let mut batches = vec![];
-            let mut bytes = 0;
-            while let Some(b) = input.next().await {
-                let b = b?;
-                bytes += b.get_array_memory_size();
-                reservation.try_grow(b.get_array_memory_size())?;
-                batches.push(b);
+        let batch_size = ctx.session_config().batch_size().max(1);
+        let windowing = Windowing {
+            input: self.whole.input().execute(partition, ctx.clone())?,
+            shifts: self.shifts.clone(),
+            keys: self.partition_by.clone(),
+            out: self.schema(),
+            pending: vec![],
+            rows: 0,
+            wanted: batch_size,
+            batch_size,
+            reservation: MemoryConsumer::new(format!("SortedWindowExec[{partition}]"))
+                .register(ctx.memory_pool()),
+            done: false,
+        };
+        let batches = futures::stream::unfold(windowing, |mut w| async move {
+            match w.next().await {
+                Ok(Some(b)) => Some((Ok(b), w)),
+                Ok(None) => None,
+                Err(e) => {
+                    w.done = true;
+                    Some((Err(e), w))
+                }
             }
-            // The batches and their concatenation are both held for a moment.
-            reservation.try_grow(bytes)?;
-            let all = concat_batches(&input_schema, &batches)?;
-            drop(batches);
-            reservation.shrink(bytes);
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema(), batches)))
+    }
+}
+
+/// Streams the window over sorted input: rows are gathered until there are `wanted` of them,
+/// every partition that ends among them is computed and sent, and the last (perhaps
+/// unfinished) partition is carried over. Memory holds about one batch plus the longest
+/// partition, not the whole input.
+struct Windowing {
+    input: SendableRecordBatchStream,
+    shifts: Vec<Shift>,
+    keys: Vec<Arc<dyn PhysicalExpr>>,
+    out: SchemaRef,
+    pending: Vec<RecordBatch>,
+    rows: usize,
+    /// Rows to gather before looking for finished partitions. It doubles while one partition
+    /// spans everything gathered, so a long partition is copied a bounded number of times.
+    wanted: usize,
+    batch_size: usize,
+    reservation: MemoryReservation,
+    done: bool,
+}
+
+impl Windowing {
+    async fn next(&mut self) -> Result<Option<RecordBatch>> {
+        while !self.done {
+            let finished = match self.input.next().await {
+                Some(b) => {
+                    let b = b?;
+                    self.reservation.try_grow(b.get_array_memory_size())?;
+                    self.rows += b.num_rows();
+                    self.pending.push(b);
+                    false
+                }
+                None => true,
+            };
+            if !finished && self.rows < self.wanted {
+                continue;
+            }
+            self.done = finished;
+            let all = concat_batches(&self.input.schema(), &self.pending)?;
+            self.pending.clear();
+            self.reservation.try_resize(all.get_array_memory_size())?;
             if all.num_rows() > u32::MAX as usize {
                 return Err(DataFusionError::ResourcesExhausted(
-                    "a window over more than 4 billion rows".into(),
+                    "a window partition of more than 4 billion rows".into(),
                 ));
             }
-            let mut columns = all.columns().to_vec();
-            if all.num_rows() > 0 {
-                let keys = keys
-                    .iter()
-                    .map(|k| k.evaluate(&all)?.into_array(all.num_rows()))
-                    .collect::<Result<Vec<_>>>()?;
-                let ranges = arrow::compute::kernels::partition::partition(&keys)?.ranges();
-                for s in &shifts {
-                    columns.push(s.evaluate(&all, &ranges)?);
-                }
-            } else {
-                columns.extend(
-                    out.fields()[columns.len()..]
-                        .iter()
-                        .map(|f| arrow::array::new_empty_array(f.data_type())),
-                );
+            if all.num_rows() == 0 {
+                continue;
             }
-            let result = RecordBatch::try_new(out, columns)?;
-            let slices: Vec<Result<RecordBatch>> = (0..result.num_rows())
-                .step_by(batch_size.max(1))
-                .map(|start| Ok(result.slice(start, batch_size.min(result.num_rows() - start))))
-                .collect();
-            // The result is held until its last slice is sent.
-            Ok::<_, DataFusionError>(futures::stream::iter(slices).map(move |b| {
-                let _held = &reservation;
-                b
-            }))
-        })
-        .map(|r| match r {
-            Ok(s) => s.left_stream(),
-            Err(e) => futures::stream::once(async { Err(e) }).right_stream(),
-        })
-        .flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
+            let keys =
+                self.keys.iter().map(|k| k.evaluate(&all)?.into_array(all.num_rows())).collect::<Result<Vec<_>>>()?;
+            let mut ranges = arrow::compute::kernels::partition::partition(&keys)?.ranges();
+            // The last partition may go on in the next batch, unless the input has ended.
+            let carried = if finished { None } else { ranges.pop() };
+            let cut = carried.as_ref().map_or(all.num_rows(), |r| r.start);
+            if let Some(r) = carried {
+                let tail = all.slice(r.start, r.len());
+                self.rows = tail.num_rows();
+                self.wanted = if cut == 0 { 2 * self.rows } else { self.rows + self.batch_size };
+                self.pending.push(tail);
+            }
+            if cut == 0 {
+                continue;
+            }
+            let head = all.slice(0, cut);
+            let mut columns = head.columns().to_vec();
+            for s in &self.shifts {
+                columns.push(s.evaluate(&head, &ranges)?);
+            }
+            return Ok(Some(RecordBatch::try_new(self.out.clone(), columns)?));
+        }
+        Ok(None)
     }
 }
