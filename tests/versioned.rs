@@ -360,9 +360,7 @@ fn windows_over_many_partitions_use_the_whole_partition_operator() {
         );
         let order = "ORDER BY session_id, timestamp, event_id";
         let ours = format!("SELECT {shifts} FROM glass.events {order}");
-        let theirs = format!(
-            "SELECT {shifts}, sum(1) {w} AS s FROM glass.events {order}"
-        );
+        let theirs = format!("SELECT {shifts}, sum(1) {w} AS s FROM glass.events {order}");
         let plan = format!("{:?}", s.rows(&format!("EXPLAIN {ours}")));
         assert!(plan.contains("SortedWindowExec"), "{plan}");
         let plan = format!("{:?}", s.rows(&format!("EXPLAIN {theirs}")));

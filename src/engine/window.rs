@@ -13,8 +13,8 @@ use std::any::Any;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch, UInt32Array, UInt64Array};
-use arrow::datatypes::SchemaRef;
 use arrow::compute::{cast, concat_batches, take};
+use arrow::datatypes::SchemaRef;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DataFusionError, ScalarValue};
@@ -311,8 +311,11 @@ impl Windowing {
             if all.num_rows() == 0 {
                 continue;
             }
-            let keys =
-                self.keys.iter().map(|k| k.evaluate(&all)?.into_array(all.num_rows())).collect::<Result<Vec<_>>>()?;
+            let keys = self
+                .keys
+                .iter()
+                .map(|k| k.evaluate(&all)?.into_array(all.num_rows()))
+                .collect::<Result<Vec<_>>>()?;
             let mut ranges = arrow::compute::kernels::partition::partition(&keys)?.ranges();
             // The last partition may go on in the next batch, unless the input has ended.
             let carried = if finished { None } else { ranges.pop() };
