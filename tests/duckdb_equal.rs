@@ -20,7 +20,7 @@ fn compare(lake: &Path, server: &Server, queries: &Path) {
         .args(["--server", &server.base, "--token", TOKEN, "--reps", "1", "--threads", "2"]));
     let summary: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     let n = std::fs::read_dir(queries)
-        .unwrap()
+        .unwrap_or_else(|e| panic!("{}: {e}", queries.display()))
         .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "sql"))
         .count();
     assert_eq!(summary["queries"].as_u64(), Some(n as u64), "{out}");

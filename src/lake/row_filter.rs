@@ -5,9 +5,9 @@
 //! events; when most rows match it is slower (up to 1.6× on `trends`), because decoding every
 //! column once and filtering afterwards costs less than decoding selectively. So skiff
 //! measures: it evaluates the scan's filters on a sample of one planned file and uses a row
-//! filter when few rows match. Data files never change, so the measurement is cached per file
-//! and filter. Filters that arrive during execution (top-k bounds, join keys) are handled by
-//! `engine::row_filters`.
+//! filter when few rows match and the columns it would skip are wide. Data files never change,
+//! so the measurement is cached per file, filter and columns. Filters that arrive during execution (top-k bounds, join keys) always go into
+//! the row filter (`DynamicRowFilters`).
 
 use std::sync::Arc;
 
