@@ -196,10 +196,17 @@ impl SkiffError {
             DataFusionError::ParquetError(pe) => match pe.as_ref() {
                 // Reads go through Iceberg's FileIO: its errors are storage outages.
                 parquet::errors::ParquetError::External(inner) => {
-                    match inner.downcast_ref::<iceberg::Error>() {
-                        Some(ie) => Self::from_iceberg(ie),
-                        None => Self::DataError(clean(&pe.to_string())),
+                    if let Some(ie) = inner.downcast_ref::<iceberg::Error>() {
+                        return Self::from_iceberg(ie);
                     }
+                    // A row filter evaluates the query's own conditions while decoding: their
+                    // failures (a cast that does not hold) are the query's, not the file's.
+                    if let Some(arrow::error::ArrowError::ComputeError(m)) = inner.downcast_ref()
+                        && m.starts_with("Error evaluating filter predicate")
+                    {
+                        return Self::InvalidQuery(clean(&pe.to_string()));
+                    }
+                    Self::DataError(clean(&pe.to_string()))
                 }
                 other => Self::DataError(clean(&other.to_string())),
             },

@@ -426,4 +426,13 @@ fn scans_filter_rows_while_decoding_only_when_it_pays() {
          WHERE project_id = 'proj_beta' ORDER BY timestamp DESC, event_id LIMIT 20",
     );
     assert_eq!(s.rows(top), all);
+    // A condition that fails while the scan decodes (the cast, under the top-k's row filter)
+    // is the query's error, not the data's.
+    let (code, message) = s.error(
+        "SELECT timestamp FROM glass.events WHERE CAST(event_id AS DOUBLE) > 1 \
+         ORDER BY timestamp DESC LIMIT 5",
+        400,
+    );
+    assert_eq!(code, "invalid_query", "{message}");
+    assert!(message.contains("Cannot cast string"), "{message}");
 }
