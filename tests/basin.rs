@@ -263,7 +263,8 @@ fn every_arrow_type_has_a_basin_name_and_a_json_value() {
         ("arrow_cast(1, 'UInt16')", "UInt16", json!(1)),
         ("arrow_cast(18446744073709551615, 'UInt64')", "UInt64", json!(18446744073709551615u64)),
         ("arrow_cast(1.5, 'Float16')", "Float16", json!(1.5)),
-        ("arrow_cast('v', 'Utf8View')", "Utf8View", json!("v")),
+        // Strings are answered as Utf8 whatever the engine used (the lake's are views).
+        ("arrow_cast('v', 'Utf8View')", "Utf8", json!("v")),
         ("arrow_cast(X'01', 'LargeBinary')", "LargeBinary", json!("AQ==")),
         ("arrow_cast(X'01', 'BinaryView')", "BinaryView", json!("AQ==")),
         ("arrow_cast(X'0102', 'FixedSizeBinary(2)')", "FixedSizeBinary(2)", json!("AQI=")),

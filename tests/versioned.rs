@@ -63,7 +63,8 @@ fn later_columns_are_typed_nulls_in_older_versions() {
     assert_eq!(rows[0]["src"], json!(null));
     let t =
         s.rows("SELECT arrow_typeof(revenue) AS t, arrow_typeof(utm_source) AS u FROM glass.events LIMIT 1");
-    assert_eq!(t[0], json!({"t": "Float64", "u": "Utf8"}));
+    // The lake's strings are read as views; responses still type them Utf8 (tests/basin.rs).
+    assert_eq!(t[0], json!({"t": "Float64", "u": "Utf8View"}));
     let total = s.rows("SELECT sum(revenue) > 0 AS some FROM glass.events");
     assert_eq!(total[0]["some"], true);
 }

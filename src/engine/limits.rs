@@ -1,6 +1,6 @@
 //! What keeps one query, or many, from taking the server down: admission (at most N
 //! running, M waiting, each waiting at most T), a deadline over the whole life of a query,
-//! and the memory pool's size.
+//! the memory pool's size, and what a batch held in memory is counted as.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use arrow::datatypes::SchemaRef;
+use arrow::array::{Array, AsArray};
+use arrow::buffer::NullBuffer;
+use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::physical_plan::{RecordBatchStream, SendableRecordBatchStream};
@@ -186,4 +188,51 @@ pub fn default_memory_limit() -> usize {
         (None, None) => 4 << 30,
     };
     total / 10 * 6
+}
+
+/// The memory a batch's rows take. Aggregations emit slices of one large array, and every
+/// slice reports the whole array in `get_array_memory_size`. A string view array reports every
+/// buffer it points into, and after a sort or a concatenation that is all of its sources'
+/// buffers (one window batch reported gigabytes): it counts its views and the bytes they use.
+pub fn batch_bytes(batch: &RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|c| match c.data_type() {
+            DataType::Utf8View => view_size(c.as_string_view().views(), c.nulls()),
+            DataType::BinaryView => view_size(c.as_binary_view().views(), c.nulls()),
+            _ => c.to_data().get_slice_memory_size().unwrap_or_else(|_| c.get_array_memory_size()),
+        })
+        .sum()
+}
+
+/// A view holds strings of up to 12 bytes itself; a longer one points at its bytes elsewhere.
+fn view_size(views: &[u128], nulls: Option<&NullBuffer>) -> usize {
+    let outside: usize = views.iter().map(|v| *v as u32 as usize).filter(|&len| len > 12).sum();
+    views.len() * 16 + outside + nulls.map_or(0, |n| n.len().div_ceil(8))
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{StringViewArray, UInt32Array};
+    use arrow::compute::take;
+
+    use super::*;
+
+    #[test]
+    fn a_few_views_count_their_own_bytes_not_the_buffers_they_share() {
+        let long = "x".repeat(100);
+        let all: StringViewArray = (0..10_000).map(|i| Some(format!("{long}{i}"))).collect();
+        let few = take(&all, &UInt32Array::from(vec![0, 5_000]), None).unwrap();
+        let batch = |a| RecordBatch::try_from_iter([("s", a)]).unwrap();
+        let (all, few) = (batch(Arc::new(all) as _), batch(few));
+        // The two taken views still point into the whole array's buffers.
+        assert!(few.get_array_memory_size() > 1_000_000);
+        assert_eq!(batch_bytes(&few), 2 * 16 + 101 + 104);
+        let bytes: usize = (0..10_000).map(|i| 100 + format!("{i}").len()).sum();
+        assert_eq!(batch_bytes(&all), 10_000 * 16 + bytes);
+        // Inline strings (12 bytes or fewer) take only their views.
+        let short: StringViewArray = vec![Some("a"), None, Some("bcd")].into_iter().collect();
+        assert_eq!(batch_bytes(&batch(Arc::new(short) as _)), 3 * 16 + 1);
+    }
 }

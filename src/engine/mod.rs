@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use arrow::array::{RecordBatch, RecordBatchOptions};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::CatalogProvider;
 use datafusion::common::{ParamValues, ScalarValue};
@@ -84,6 +85,40 @@ fn name_open_files(
     datafusion::error::DataFusionError::External(Box::new(e))
 }
 
+/// The schema of a response: string views (how the lake's strings are read, see
+/// `lake::scan::arrow_schema`) become `Utf8`, so every front end answers strings as Basin SQL
+/// types them and clients without view types can read them.
+pub fn response_schema(schema: &Schema) -> SchemaRef {
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Utf8View => f.as_ref().clone().with_data_type(DataType::Utf8),
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+/// A batch in its response schema (see [`response_schema`]). The copy is of the answer only,
+/// which is small next to what the query read.
+fn plain_strings(
+    batch: RecordBatch,
+    schema: &SchemaRef,
+) -> std::result::Result<RecordBatch, datafusion::error::DataFusionError> {
+    if batch.schema().fields().iter().all(|f| f.data_type() != &DataType::Utf8View) {
+        return Ok(batch);
+    }
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| arrow::compute::cast(c, f.data_type()))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let opts = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    Ok(RecordBatch::try_new_with_options(schema.clone(), columns, &opts)?)
+}
+
 /// Settings that change speed, not answers.
 #[derive(Debug, Clone, Default)]
 pub struct Tuning {
@@ -117,9 +152,6 @@ impl Engine {
             .with_default_catalog_and_schema(CATALOG, &default_schema)
             .with_create_default_catalog_and_schema(false);
         let opts = config.options_mut();
-        // The lake's schema declares strings as Utf8; reading them as views only to cast back
-        // would cost time for nothing.
-        opts.execution.parquet.schema_force_view_types = false;
         // The lake scan makes its own file groups (balanced by bytes and file count, newest
         // first, more of them on a remote store); DataFusion re-splitting them would undo that.
         opts.optimizer.repartition_file_scans = false;
@@ -231,8 +263,8 @@ impl Engine {
         let fields: Vec<Field> =
             params.into_iter().map(|(n, ty)| Field::new(format!("${n}"), ty, true)).collect();
         Ok(Described {
-            schema: Arc::new(plan.schema().as_arrow().clone()),
-            parameters: Arc::new(Schema::new(fields)),
+            schema: response_schema(plan.schema().as_arrow()),
+            parameters: response_schema(&Schema::new(fields)),
         })
     }
 
@@ -314,11 +346,13 @@ impl Engine {
         };
         stats.set_result_cache(cache.as_str());
         let df = DataFrame::new(state, plan);
-        let schema = Arc::new(df.schema().as_arrow().clone());
+        let schema = response_schema(df.schema().as_arrow());
         let open = stats.clone();
+        let out = schema.clone();
         let lazy = futures::stream::once(df.execute_stream())
             .try_flatten()
-            .map_err(move |e| name_open_files(e, &open));
+            .map_err(move |e| name_open_files(e, &open))
+            .and_then(move |b| futures::future::ready(plain_strings(b, &out)));
         let mut stream: SendableRecordBatchStream =
             Box::pin(RecordBatchStreamAdapter::new(schema.clone(), lazy));
         if let (Some(results), Some(fp)) = (&self.results, &fingerprint) {

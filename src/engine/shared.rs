@@ -293,7 +293,7 @@ impl Cell {
             let mut batches = Vec::new();
             while let Some(batch) = stream.next().await {
                 let batch = batch?;
-                let size = sliced_size(&batch);
+                let size = super::limits::batch_bytes(&batch);
                 if reservation.size() + size > limit || reservation.try_grow(size).is_err() {
                     return Ok(Kept::TooLarge);
                 }
@@ -316,16 +316,6 @@ impl Cell {
             guard.clone()
         }
     }
-}
-
-/// The memory a batch's rows take. Aggregations emit slices of one large array, and every
-/// slice reports the whole array in `get_array_memory_size`.
-pub fn sliced_size(batch: &RecordBatch) -> usize {
-    batch
-        .columns()
-        .iter()
-        .map(|c| c.to_data().get_slice_memory_size().unwrap_or_else(|_| c.get_array_memory_size()))
-        .sum()
 }
 
 /// A shared subtree at one of its places in the plan.

@@ -15,7 +15,7 @@ use arrow_flight::sql::{
 use datafusion::datasource::TableType;
 use datafusion::prelude::SessionContext;
 
-use crate::engine::{CATALOG, Engine};
+use crate::engine::{CATALOG, Engine, response_schema};
 use crate::error::{Result, SkiffError};
 
 const TABLE_TYPES: [&str; 2] = ["TABLE", "VIEW"];
@@ -89,7 +89,7 @@ pub async fn tables(engine: &Engine, cmd: CommandGetTables) -> Result<RecordBatc
                 .table(&t)
                 .await?
                 .ok_or_else(|| SkiffError::TableNotFound(format!("table not found: {s}.{t}")))?;
-            provider.schema().as_ref().clone()
+            response_schema(&provider.schema()).as_ref().clone()
         } else {
             Schema::empty()
         };
