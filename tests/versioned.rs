@@ -286,6 +286,13 @@ fn a_cte_aggregation_used_several_times_is_computed_once() {
     let unshared = "SELECT count(*) AS n FROM (SELECT coalesce(person_id, device_id) AS actor FROM glass.events \
                     WHERE project_id = 'proj_alpha' AND event = '$pageview' AND timestamp >= TIMESTAMP '2026-09-01 00:00:00' \
                     AND timestamp < TIMESTAMP '2026-10-15 00:00:00' GROUP BY 1)";
+    // The lake is read once: as many files as one read of `e`'s columns (measured before the
+    // result cache holds the funnel).
+    let e = "SELECT count(person_id), count(device_id), count(event), max(timestamp) FROM glass.events \
+             WHERE project_id = 'proj_alpha' AND event IN ('$pageview', 'signup', 'purchase') \
+             AND timestamp >= TIMESTAMP '2026-09-01 00:00:00' AND timestamp < TIMESTAMP '2026-10-15 00:00:00'";
+    let files = |sql: &str| basin_metrics(s, sql)["files_scanned"].as_u64().unwrap();
+    assert_eq!(files(&funnel), files(e));
     let viewed = s.rows(unshared)[0]["n"].clone();
     let got = s.rows(&funnel);
     assert_eq!(got[0]["viewed"], viewed, "{got:?}");

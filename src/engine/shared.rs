@@ -250,6 +250,11 @@ enum Kept {
 struct SharedState {
     consumers: usize,
     cells: Mutex<HashMap<(usize, usize), Arc<Cell>>>,
+    /// The copy that computes every partition (per partition count): the first to run one.
+    /// A partition of a subtree with an exchange in it (a hash repartition under a grouping)
+    /// needs every input partition; were partitions computed in different copies, each copy
+    /// would run the whole exchange (the funnel read its `e` twice).
+    owners: Mutex<HashMap<usize, Arc<dyn ExecutionPlan>>>,
 }
 
 struct Cell {
@@ -260,7 +265,11 @@ struct Cell {
 
 impl SharedState {
     fn new(consumers: usize) -> Self {
-        Self { consumers, cells: Mutex::default() }
+        Self { consumers, cells: Mutex::default(), owners: Mutex::default() }
+    }
+
+    fn owner(&self, partitions: usize, input: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+        self.owners.lock().expect("owners").entry(partitions).or_insert_with(|| input.clone()).clone()
     }
 
     fn cell(&self, partitions: usize, p: usize) -> Arc<Cell> {
@@ -387,10 +396,13 @@ impl ExecutionPlan for SharedExec {
     }
 
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let cell = self.state.cell(self.properties.partitioning.partition_count(), partition);
+        let partitions = self.properties.partitioning.partition_count();
+        let cell = self.state.cell(partitions, partition);
+        let owner = self.state.owner(partitions, &self.input);
+        // Should this consumer compute a partition for itself after all, it runs its own copy.
         let input = self.input.clone();
         let batches = futures::stream::once(async move {
-            let kept = cell.kept.get_or_init(|| cell.materialise(&input, partition, ctx.clone())).await;
+            let kept = cell.kept.get_or_init(|| cell.materialise(&owner, partition, ctx.clone())).await;
             match kept {
                 Kept::Batches(kept) => match cell.take(kept) {
                     Some(batches) => Ok(futures::stream::iter(batches.into_iter().map(Ok)).boxed()),
@@ -408,8 +420,8 @@ impl ExecutionPlan for SharedExec {
 
 #[cfg(test)]
 mod tests {
-    use arrow::array::Int64Array;
-    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::array::{AsArray, Int64Array};
+    use arrow::datatypes::{DataType, Field, Int64Type, Schema};
     use datafusion::datasource::memory::MemorySourceConfig;
     use datafusion::execution::memory_pool::GreedyMemoryPool;
     use datafusion::execution::runtime_env::RuntimeEnvBuilder;
@@ -453,6 +465,26 @@ mod tests {
         assert!(ctx.memory_pool().reserved() > 0, "kept within the pool");
         assert_eq!(rows(&second, &ctx).await, 1000, "replayed, not computed again");
         assert_eq!(ctx.memory_pool().reserved(), 0, "freed by the last consumer");
+    }
+
+    #[tokio::test]
+    async fn every_partition_is_computed_by_the_copy_that_ran_first() {
+        let schema = Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, false)]));
+        let two = |first: i64| -> Arc<dyn ExecutionPlan> {
+            let part = |v: i64| {
+                vec![RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![v]))]).unwrap()]
+            };
+            MemorySourceConfig::try_new_exec(&[part(first), part(first + 1)], schema.clone(), None).unwrap()
+        };
+        let state = Arc::new(SharedState::new(2));
+        let (a, b) = (SharedExec::new(two(10), state.clone()), SharedExec::new(two(20), state));
+        let ctx = task(64 << 20);
+        let value = |batches: Vec<RecordBatch>| batches[0].column(0).as_primitive::<Int64Type>().value(0);
+        // `a` runs partition 0 first; `b` then runs partition 1, which `a`'s copy computes.
+        assert_eq!(value(a.execute(0, ctx.clone()).unwrap().try_collect().await.unwrap()), 10);
+        assert_eq!(value(b.execute(1, ctx.clone()).unwrap().try_collect().await.unwrap()), 11);
+        assert_eq!(value(b.execute(0, ctx.clone()).unwrap().try_collect().await.unwrap()), 10);
+        assert_eq!(value(a.execute(1, ctx.clone()).unwrap().try_collect().await.unwrap()), 11);
     }
 
     #[tokio::test]
