@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use arrow::array::{Array, AsArray};
+use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::buffer::NullBuffer;
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
@@ -208,8 +208,43 @@ pub fn batch_bytes(batch: &RecordBatch) -> usize {
 
 /// A view holds strings of up to 12 bytes itself; a longer one points at its bytes elsewhere.
 fn view_size(views: &[u128], nulls: Option<&NullBuffer>) -> usize {
-    let outside: usize = views.iter().map(|v| *v as u32 as usize).filter(|&len| len > 12).sum();
-    views.len() * 16 + outside + nulls.map_or(0, |n| n.len().div_ceil(8))
+    views.len() * 16 + outside(views) + nulls.map_or(0, |n| n.len().div_ceil(8))
+}
+
+fn outside(views: &[u128]) -> usize {
+    views.iter().map(|v| *v as u32 as usize).filter(|&len| len > 12).sum()
+}
+
+/// Copies the strings of each view column whose buffers hold more than twice the bytes its
+/// views use into buffers of its own. A batch that is kept (a shared subquery's rows) or
+/// gathered (a window's) would otherwise keep whole decoded pages alive for the few strings a
+/// filter let through, or list a sort's buffers once per source batch.
+pub fn compact_views(batch: RecordBatch) -> DFResult<RecordBatch> {
+    fn wasteful(views: &[u128], buffers: &[arrow::buffer::Buffer]) -> bool {
+        buffers.iter().map(|b| b.len()).sum::<usize>() > 2 * outside(views)
+    }
+    let mut changed = false;
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| match c.data_type() {
+            DataType::Utf8View if wasteful(c.as_string_view().views(), c.as_string_view().data_buffers()) => {
+                changed = true;
+                Arc::new(c.as_string_view().gc()) as ArrayRef
+            }
+            DataType::BinaryView
+                if wasteful(c.as_binary_view().views(), c.as_binary_view().data_buffers()) =>
+            {
+                changed = true;
+                Arc::new(c.as_binary_view().gc()) as ArrayRef
+            }
+            _ => c.clone(),
+        })
+        .collect();
+    if !changed {
+        return Ok(batch);
+    }
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
 #[cfg(test)]
@@ -231,6 +266,14 @@ mod tests {
         assert_eq!(batch_bytes(&few), 2 * 16 + 101 + 104);
         let bytes: usize = (0..10_000).map(|i| 100 + format!("{i}").len()).sum();
         assert_eq!(batch_bytes(&all), 10_000 * 16 + bytes);
+        // Compacted, the few views get buffers of their own; the whole array is left alone.
+        let compacted = compact_views(few).unwrap();
+        assert!(compacted.get_array_memory_size() < 1_000);
+        assert_eq!(compacted.column(0).as_string_view().value(1), format!("{long}5000"));
+        assert_eq!(
+            compact_views(all.clone()).unwrap().column(0).as_string_view().data_buffers(),
+            all.column(0).as_string_view().data_buffers()
+        );
         // Inline strings (12 bytes or fewer) take only their views.
         let short: StringViewArray = vec![Some("a"), None, Some("bcd")].into_iter().collect();
         assert_eq!(batch_bytes(&batch(Arc::new(short) as _)), 3 * 16 + 1);

@@ -42,6 +42,8 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
+use super::limits::{batch_bytes, compact_views};
+
 /// The analyzer rule; add it after DataFusion's own.
 #[derive(Debug, Default)]
 pub struct ShareRepeatedSubqueries;
@@ -301,8 +303,8 @@ impl Cell {
             let mut stream = input.execute(p, ctx)?;
             let mut batches = Vec::new();
             while let Some(batch) = stream.next().await {
-                let batch = batch?;
-                let size = super::limits::batch_bytes(&batch);
+                let batch = compact_views(batch?)?;
+                let size = batch_bytes(&batch);
                 if reservation.size() + size > limit || reservation.try_grow(size).is_err() {
                     return Ok(Kept::TooLarge);
                 }

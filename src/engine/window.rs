@@ -12,9 +12,9 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, AsArray, RecordBatch, UInt32Array, UInt64Array};
+use arrow::array::{ArrayRef, RecordBatch, UInt32Array, UInt64Array};
 use arrow::compute::{cast, concat_batches, take};
-use arrow::datatypes::{DataType, SchemaRef};
+use arrow::datatypes::SchemaRef;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DataFusionError, ScalarValue};
@@ -32,7 +32,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::limits::batch_bytes;
+use super::limits::{batch_bytes, compact_views};
 
 #[derive(Debug, Default)]
 pub struct WholePartitionWindows;
@@ -285,31 +285,6 @@ struct Windowing {
     done: bool,
 }
 
-/// Copies the strings of a batch's view columns into buffers of their own. A sorted batch's
-/// views point into every buffer of the sort's input, and concatenating such batches lists
-/// those buffers once per batch: the operators downstream then spent more time on buffer
-/// lists than on rows (paths' filter over this window, 14 ms → 560 ms before this).
-fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
-    if !batch
-        .schema()
-        .fields()
-        .iter()
-        .any(|f| matches!(f.data_type(), DataType::Utf8View | DataType::BinaryView))
-    {
-        return Ok(batch);
-    }
-    let columns = batch
-        .columns()
-        .iter()
-        .map(|c| match c.data_type() {
-            DataType::Utf8View => Arc::new(c.as_string_view().gc()) as ArrayRef,
-            DataType::BinaryView => Arc::new(c.as_binary_view().gc()) as ArrayRef,
-            _ => c.clone(),
-        })
-        .collect();
-    Ok(RecordBatch::try_new(batch.schema(), columns)?)
-}
-
 impl Windowing {
     async fn next(&mut self) -> Result<Option<RecordBatch>> {
         while !self.done {
@@ -327,6 +302,9 @@ impl Windowing {
                 continue;
             }
             self.done = finished;
+            // A sorted batch's views point into every buffer of the sort's input, and the
+            // concatenation lists those once per batch: compacted, the operators above spend
+            // their time on rows, not buffer lists (paths' filter: 560 ms → 37 ms).
             let all = compact_views(concat_batches(&self.input.schema(), &self.pending)?)?;
             self.pending.clear();
             self.reservation.try_resize(batch_bytes(&all))?;
