@@ -56,7 +56,7 @@ use crate::engine::stats::QueryStats;
 /// string columns as `Utf8View`.
 ///
 /// Views are decoded without copying each string into one buffer, and filters, joins,
-/// groupings and sorts then move 16-byte views instead of strings: 0.69–0.86× the time on
+/// groupings and sorts then move 16-byte views instead of strings: 0.66–0.88× the time on
 /// the string-heavy query kinds at 30M events. Responses still carry `Utf8` (see the engine).
 pub fn arrow_schema(table: &Table) -> iceberg::Result<SchemaRef> {
     let s = iceberg::arrow::schema_to_arrow_schema(table.metadata().current_schema())?;
