@@ -263,6 +263,28 @@ fn the_data_cache_spares_the_store_repeated_reads() {
     }
 }
 
+/// Manifests are immutable per path: after a commit, the next query reads from the store
+/// only the manifest list and the manifest the commit added, not every manifest again.
+#[test]
+fn after_a_commit_only_the_new_manifests_are_read() {
+    let lake = s3_lake();
+    let proxy = Proxy::start(&lake.s3.url());
+    let s = serve_sql_on_s3(&lake, &proxy.url(), &[]);
+    let n = |s: &Server| s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"].as_u64().unwrap();
+    let before = n(&s);
+    fixture(
+        "write_rest_lake.py",
+        &["append", "--uri", &lake.catalog.url(), "--token", CATALOG_TOKEN, "--rows", "40", "--seed", "5"],
+    );
+    // A rule that changes nothing, to count the manifest lists and manifests read.
+    proxy.fault(json!({"action": "delay", "delay_ms": 0, "match": "regex:\\.avro$", "method": "GET"}));
+    assert_eq!(n(&s), before + 40);
+    assert_eq!(proxy.hits(), [2], "the new snapshot's manifest list and its one new manifest");
+    // A query that reads every data file (the new one too) reads no manifest again.
+    s.rows(SQL);
+    assert_eq!(proxy.hits(), [2], "nothing read twice");
+}
+
 #[test]
 fn a_slow_or_gone_object_store_is_a_timeout_or_503_then_recovers() {
     let lake = s3_lake();

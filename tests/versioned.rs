@@ -128,6 +128,9 @@ fn a_time_filter_prunes_files_in_each_version() {
     assert!(files(&recent) < files(&all) / 4, "{recent} vs {all}");
     assert!(files(&old) < files(&all) / 4, "{old} vs {all}");
     assert!(bytes(&recent) < bytes(&all) && bytes(&old) < bytes(&all));
+    // Pruned while planning, by the manifests' column bounds, before any file is opened.
+    let planned = |m: &serde_json::Value| m["files_planned"].as_u64().unwrap();
+    assert!(planned(&recent) < planned(&all) / 4 && planned(&old) < planned(&all) / 4, "{recent} {old}");
 }
 
 #[test]

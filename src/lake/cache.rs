@@ -105,7 +105,7 @@ impl Caches {
             return Ok(m);
         }
         metrics::cache_miss("manifest_list");
-        let m = Arc::new(table.manifest_list_reader(snapshot).load().await?);
+        let m = Arc::new(table.manifest_list_reader(snapshot).load().await.map_err(|e| named(e, &key))?);
         self.manifest_lists.insert(key, m.clone()).await;
         Ok(m)
     }
@@ -116,7 +116,8 @@ impl Caches {
             return Ok(m);
         }
         metrics::cache_miss("manifest");
-        let m = Arc::new(file.load_manifest(table.file_io()).await?);
+        let m =
+            Arc::new(file.load_manifest(table.file_io()).await.map_err(|e| named(e, &file.manifest_path))?);
         self.manifests.insert(file.manifest_path.clone(), m.clone()).await;
         Ok(m)
     }
@@ -161,5 +162,18 @@ impl Caches {
 
     pub async fn put_selectivity(&self, key: String, sample: Sample) {
         self.selectivities.insert(key, sample).await;
+    }
+}
+
+/// Names the metadata file a read failed on. A file that was read but cannot be decoded is
+/// the lake's fault, not the query's, so it is not left as Iceberg's `DataInvalid` (which is
+/// how Iceberg reports a bad query).
+fn named(e: iceberg::Error, path: &str) -> iceberg::Error {
+    if e.kind() == iceberg::ErrorKind::DataInvalid {
+        iceberg::Error::new(iceberg::ErrorKind::Unexpected, "cannot decode a metadata file")
+            .with_context("file", path)
+            .with_source(e)
+    } else {
+        super::scan::with_file(e, path)
     }
 }

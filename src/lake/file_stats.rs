@@ -1,6 +1,7 @@
-//! Per-file statistics from Iceberg manifests (record counts, null counts, column bounds), as
-//! DataFusion `Statistics`. They let DataFusion answer `count(*)`, `min` and `max` without
-//! reading data, and skip whole files for a top-k whose threshold a file cannot beat.
+//! The live data files of a snapshot, from Iceberg manifests, with their statistics (record
+//! counts, null counts, column bounds) as DataFusion `Statistics`. Scans are planned from
+//! them, and they let DataFusion answer `count(*)`, `min` and `max` without reading data and
+//! skip whole files for a top-k whose threshold a file cannot beat.
 //!
 //! Only what is certain is marked exact, as Iceberg Java's aggregate push-down does: record
 //! and null counts, and bounds of types Iceberg never truncates (integers, decimals, dates,
@@ -14,29 +15,48 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, SchemaRef, TimeUnit};
 use datafusion::common::stats::Precision;
 use datafusion::common::{ColumnStatistics, ScalarValue, Statistics};
-use iceberg::spec::{DataFile, Datum, ManifestContentType, ManifestFile, PrimitiveLiteral};
+use futures::{StreamExt, TryStreamExt};
+use iceberg::ErrorKind;
+use iceberg::spec::{
+    DataFile, DataFileFormat, Datum, Manifest, ManifestContentType, ManifestFile, PrimitiveLiteral,
+};
 use iceberg::table::Table;
 
 use super::cache::Caches;
+use super::scan::MANIFEST_READS;
 
-/// Every live data file of one snapshot, by path, with its statistics over the table's
-/// Arrow schema.
+/// Every live data file of one snapshot, with its statistics over the table's Arrow schema.
 #[derive(Debug, Default)]
 pub struct SnapshotFiles {
-    files: HashMap<String, Arc<Statistics>>,
+    pub files: Vec<LiveFile>,
+    by_path: HashMap<String, usize>,
+    /// Whether the snapshot has delete manifests: its files are then planned by Iceberg,
+    /// which matches each data file with its delete files.
+    pub has_deletes: bool,
+}
+
+#[derive(Debug)]
+pub struct LiveFile {
+    pub path: String,
+    pub size: u64,
+    pub records: u64,
+    pub format: DataFileFormat,
+    pub stats: Arc<Statistics>,
 }
 
 impl SnapshotFiles {
     pub fn get(&self, path: &str) -> Option<&Arc<Statistics>> {
-        self.files.get(path)
+        self.by_path.get(path).map(|&i| &self.files[i].stats)
     }
 }
 
-/// The statistics of the current snapshot's data files (cached per manifest list and schema).
+/// The live data files of the current snapshot and their statistics, cached per manifest
+/// list and schema. Manifests come from the shared manifest cache, so a new snapshot decodes
+/// only its new manifests; they are decoded on every core at once.
 pub async fn snapshot_files(
     table: &Table,
     schema: &SchemaRef,
-    caches: &Caches,
+    caches: &Arc<Caches>,
 ) -> iceberg::Result<Arc<SnapshotFiles>> {
     let metadata = table.metadata();
     let Some(snapshot) = metadata.current_snapshot() else {
@@ -47,13 +67,21 @@ pub async fn snapshot_files(
         return Ok(hit);
     }
     let list = caches.manifest_list(table, snapshot).await?;
-    let wanted: Vec<&ManifestFile> =
-        list.entries().iter().filter(|m| m.content == ManifestContentType::Data).collect();
-    let mut manifests = Vec::with_capacity(wanted.len());
-    for chunk in wanted.chunks(32) {
-        let loads: Vec<_> = chunk.iter().map(|m| caches.manifest(table, m)).collect();
-        manifests.extend(futures::future::try_join_all(loads).await?);
-    }
+    let has_deletes = list.entries().iter().any(|m| m.content == ManifestContentType::Deletes);
+    let wanted: Vec<ManifestFile> =
+        list.entries().iter().filter(|m| m.content == ManifestContentType::Data).cloned().collect();
+    let loads = wanted.into_iter().map(|m| {
+        let (caches, table) = (caches.clone(), table.clone());
+        tokio::spawn(async move { caches.manifest(&table, &m).await })
+    });
+    let manifests: Vec<Arc<Manifest>> = futures::stream::iter(loads)
+        .buffered(MANIFEST_READS)
+        .map(|joined| {
+            joined
+                .map_err(|e| iceberg::Error::new(ErrorKind::Unexpected, format!("reading a manifest: {e}")))?
+        })
+        .try_collect()
+        .await?;
     // Field ids of the Arrow schema's columns (same order: the schema is made from this one).
     let iceberg_fields = metadata.current_schema().as_struct().fields();
     let ids: Vec<Option<i32>> = schema
@@ -62,14 +90,22 @@ pub async fn snapshot_files(
         .enumerate()
         .map(|(i, f)| iceberg_fields.get(i).filter(|x| x.name == *f.name()).map(|x| x.id))
         .collect();
-    let mut files = HashMap::new();
+    let mut out = SnapshotFiles { has_deletes, ..Default::default() };
     for m in &manifests {
         for entry in m.entries().iter().filter(|e| e.is_alive()) {
             let file = entry.data_file();
-            files.insert(file.file_path().to_string(), Arc::new(file_statistics(file, schema, &ids)));
+            let path = file.file_path().to_string();
+            out.by_path.insert(path.clone(), out.files.len());
+            out.files.push(LiveFile {
+                path,
+                size: file.file_size_in_bytes(),
+                records: file.record_count(),
+                format: file.file_format(),
+                stats: Arc::new(file_statistics(file, schema, &ids)),
+            });
         }
     }
-    let out = Arc::new(SnapshotFiles { files });
+    let out = Arc::new(out);
     caches.put_snapshot_files(key, out.clone()).await;
     Ok(out)
 }

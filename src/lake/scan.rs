@@ -1,5 +1,5 @@
-//! Scanning one Iceberg table: Iceberg plans the files (manifest, partition and column-bound
-//! pruning, delete files), DataFusion reads them.
+//! Scanning one Iceberg table: skiff plans the files from its cached manifests (pruning by
+//! their column bounds), or Iceberg does when there are delete files; DataFusion reads them.
 //!
 //! Files without delete files go to DataFusion's own Parquet scan, split over all cores, with
 //! row-group and page pruning, and read through the table's Iceberg `FileIO` so vended
@@ -16,9 +16,10 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
 use datafusion::catalog::Session;
+use datafusion::common::pruning::PrunableStatistics;
 use datafusion::common::stats::Precision;
-use datafusion::common::tree_node::TreeNode;
-use datafusion::common::{ScalarValue, Statistics};
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, DFSchema, ScalarValue, Statistics};
 use datafusion::config::TableParquetOptions;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::parquet::ParquetFileReaderFactory;
@@ -27,7 +28,9 @@ use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::execution::TaskContext;
 use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_optimizer::pruning::PruningPredicate;
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -104,7 +107,16 @@ pub async fn scan(
         stats.files_total.fetch_add(n, Ordering::Relaxed);
     }
 
-    let tasks = plan_files(table, schema, &projected, filters).await?;
+    // An evolved schema is read by Iceberg's reader, and delete files are matched to data
+    // files by Iceberg's planning; every other scan is planned from skiff's own manifests.
+    let files = match has_evolved(table) {
+        true => None,
+        false => Some(file_stats::snapshot_files(table, schema, caches).await.map_err(ext)?),
+    };
+    let tasks = match files.as_deref().filter(|f| !f.has_deletes) {
+        Some(f) => plan_from_manifests(table, schema, &projected, filters, f, state),
+        None => plan_files(table, schema, &projected, filters).await?,
+    };
     stats.files_planned.fetch_add(tasks.len() as u64, Ordering::Relaxed);
     if tasks.is_empty() {
         return Ok(Arc::new(EmptyExec::new(projected)));
@@ -112,14 +124,6 @@ pub async fn scan(
     if tasks.iter().any(|t| !t.deletes.is_empty()) || has_evolved(table) {
         return iceberg_reader_scan(table, projected, tasks, state.config().target_partitions());
     }
-    // Statistics are an optimisation: without them the scan is slower, never wrong.
-    let files = match file_stats::snapshot_files(table, schema, caches).await {
-        Ok(f) => Some(f),
-        Err(e) => {
-            tracing::warn!(table = %table.identifier(), error = %e, "no file statistics for this scan");
-            None
-        }
-    };
     let factory = Arc::new(FileIoReaderFactory {
         file_io: table.file_io().clone(),
         stats: stats.clone(),
@@ -160,6 +164,73 @@ async fn plan_files(
     scan.plan_files().await.map_err(ext)?.try_collect().await.map_err(ext)
 }
 
+/// The files of a snapshot without delete files whose manifest statistics may satisfy the
+/// filters, as Iceberg's planning would find them. Iceberg's planning decodes manifests into
+/// a cache that lives and dies with each loaded table version, so the first query after
+/// every commit decoded them all again (twice, with the statistics' own read).
+fn plan_from_manifests(
+    table: &Table,
+    schema: &SchemaRef,
+    projected: &SchemaRef,
+    filters: &[Expr],
+    files: &SnapshotFiles,
+    state: &dyn Session,
+) -> Vec<FileScanTask> {
+    let keep = may_match(schema, filters, files, state);
+    let iceberg_schema = table.metadata().current_schema();
+    let ids: Vec<i32> = projected
+        .fields()
+        .iter()
+        .filter_map(|f| iceberg_schema.field_by_name(f.name()))
+        .map(|f| f.id)
+        .collect();
+    files
+        .files
+        .iter()
+        .zip(keep)
+        .filter(|(_, keep)| *keep)
+        .map(|(f, _)| {
+            FileScanTask::builder()
+                .with_file_size_in_bytes(f.size)
+                .with_start(0)
+                .with_length(f.size)
+                .with_record_count(Some(f.records))
+                .with_data_file_path(f.path.clone())
+                .with_data_file_format(f.format)
+                .with_schema(iceberg_schema.clone())
+                .with_project_field_ids(ids.clone())
+                .with_case_sensitive(true)
+                .build()
+        })
+        .collect()
+}
+
+/// For each file, whether its statistics may satisfy every filter; every file when the
+/// filters cannot be checked against statistics.
+fn may_match(schema: &SchemaRef, filters: &[Expr], files: &SnapshotFiles, state: &dyn Session) -> Vec<bool> {
+    let unqualified = filters.iter().map(|f| {
+        f.clone()
+            .transform(|e| {
+                Ok(match e {
+                    Expr::Column(c) => Transformed::yes(Expr::Column(Column::new_unqualified(c.name))),
+                    e => Transformed::no(e),
+                })
+            })
+            .map(|t| t.data)
+    });
+    let pruned = || -> DFResult<Option<Vec<bool>>> {
+        let Some(expr) = conjunction(unqualified.collect::<DFResult<Vec<_>>>()?) else {
+            return Ok(None);
+        };
+        let physical = state.create_physical_expr(expr, &DFSchema::try_from(schema.as_ref().clone())?)?;
+        let predicate = PruningPredicate::try_new(physical, schema.clone())?;
+        let stats =
+            PrunableStatistics::new(files.files.iter().map(|f| f.stats.clone()).collect(), schema.clone());
+        Ok(Some(predicate.prune(&stats)?))
+    };
+    pruned().ok().flatten().unwrap_or_else(|| vec![true; files.files.len()])
+}
+
 fn safe_for_iceberg(e: &Expr, schema: &SchemaRef) -> bool {
     let risky = e
         .exists(|x| {
@@ -191,7 +262,7 @@ const REMOTE_FILE_COST: u64 = 8 << 20;
 const MIN_RANGE: u64 = 8 << 20;
 
 /// Manifests read at once while planning a scan.
-const MANIFEST_READS: usize = 32;
+pub(super) const MANIFEST_READS: usize = 32;
 
 /// Scan partitions per core for files on a remote store (S3, R2): with tens of milliseconds
 /// per request, a core can decode what many concurrent reads bring in.
@@ -506,7 +577,7 @@ fn in_file(e: parquet::errors::ParquetError, location: &str) -> parquet::errors:
     }
 }
 
-fn with_file(e: iceberg::Error, location: &str) -> iceberg::Error {
+pub(super) fn with_file(e: iceberg::Error, location: &str) -> iceberg::Error {
     let msg = e.to_string();
     if msg.contains(location) { e } else { e.with_context("file", location) }
 }
