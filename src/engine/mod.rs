@@ -3,6 +3,7 @@
 
 mod dialect;
 mod functions;
+mod json;
 pub mod limits;
 pub mod readonly;
 pub mod results;
@@ -184,7 +185,7 @@ impl Engine {
             .build();
         let mut ctx = SessionContext::new_with_state(state);
         ctx.register_catalog(CATALOG, system::with_system_schema(lake.catalog_provider()));
-        datafusion_functions_json::register_all(&mut ctx)?;
+        json::register(&mut ctx)?;
         ctx.register_udaf(functions::approx_top_k());
         let admission = Admission::new(limits.max_concurrent, limits.max_queued, limits.queue_timeout);
         Ok(Self {
