@@ -32,7 +32,10 @@ pub fn register(ctx: &mut SessionContext) -> Result<()> {
         ctx.state().scalar_functions().keys().filter(|n| n.starts_with("json_")).cloned().collect();
     for name in names {
         let inner = ctx.udf(&name)?;
-        ctx.register_udf(Arc::new(ScalarUDF::new_from_impl(OncePerDocument(inner))))?;
+        // A function registered under several json_ names is met once per name.
+        if !inner.inner().as_any().is::<OncePerDocument>() {
+            ctx.register_udf(Arc::new(ScalarUDF::new_from_impl(OncePerDocument(inner))))?;
+        }
     }
     Ok(())
 }
@@ -137,7 +140,10 @@ mod tests {
         datafusion_functions_json::register_all(&mut ctx).unwrap();
         let plain = ctx.udf(name).unwrap();
         register(&mut ctx).unwrap();
-        (plain, ctx.udf(name).unwrap())
+        let wrapped = ctx.udf(name).unwrap();
+        let once = wrapped.inner().as_any().downcast_ref::<OncePerDocument>().expect("wrapped");
+        assert!(!once.0.inner().as_any().is::<OncePerDocument>(), "{name} is wrapped twice");
+        (plain, wrapped)
     }
 
     fn call(f: &ScalarUDF, docs: ArrayRef, path: &[&str], returns: DataType) -> ArrayRef {
