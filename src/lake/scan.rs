@@ -109,9 +109,11 @@ pub async fn scan(
 
     // An evolved schema is read by Iceberg's reader, and delete files are matched to data
     // files by Iceberg's planning; every other scan is planned from skiff's own manifests.
-    let files = match has_evolved(table) {
-        true => None,
-        false => Some(file_stats::snapshot_files(table, schema, caches).await.map_err(ext)?),
+    let evolved = has_evolved(table);
+    let files = if evolved {
+        None
+    } else {
+        Some(file_stats::snapshot_files(table, schema, caches).await.map_err(ext)?)
     };
     let tasks = match files.as_deref().filter(|f| !f.has_deletes) {
         Some(f) => plan_from_manifests(table, schema, &projected, filters, f, state),
@@ -121,7 +123,7 @@ pub async fn scan(
     if tasks.is_empty() {
         return Ok(Arc::new(EmptyExec::new(projected)));
     }
-    if tasks.iter().any(|t| !t.deletes.is_empty()) || has_evolved(table) {
+    if evolved || tasks.iter().any(|t| !t.deletes.is_empty()) {
         return iceberg_reader_scan(table, projected, tasks, state.config().target_partitions());
     }
     let factory = Arc::new(FileIoReaderFactory {
