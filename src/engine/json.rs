@@ -81,29 +81,30 @@ impl ScalarUDFImpl for OncePerDocument {
     }
 
     fn invoke_with_args(&self, mut args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let plan = match args.args.split_first() {
-            Some((ColumnarValue::Array(docs), paths))
-                if paths.iter().all(|p| matches!(p, ColumnarValue::Scalar(_))) =>
-            {
-                match docs.data_type() {
-                    DataType::Utf8View => distinct(docs.as_string_view()),
-                    DataType::Utf8 => distinct(docs.as_string::<i32>()),
-                    DataType::LargeUtf8 => distinct(docs.as_string::<i64>()),
-                    _ => None,
-                }
-            }
-            _ => None,
-        };
-        let Some((firsts, of_row)) = plan else {
+        let Some((docs, firsts, of_row)) = repeated(&args.args) else {
             return self.0.invoke_with_args(args);
         };
-        let ColumnarValue::Array(docs) = &args.args[0] else { unreachable!("matched above") };
-        let unique = take(docs.as_ref(), &firsts, None)?;
-        args.args[0] = ColumnarValue::Array(unique);
+        args.args[0] = ColumnarValue::Array(take(docs.as_ref(), &firsts, None)?);
         args.number_rows = firsts.len();
         let answers: ArrayRef = self.0.invoke_with_args(args)?.into_array(firsts.len())?;
         Ok(ColumnarValue::Array(take(answers.as_ref(), &of_row, None)?))
     }
+}
+
+/// For a string array of documents with scalar paths: the documents, and what `distinct`
+/// finds in them.
+fn repeated(args: &[ColumnarValue]) -> Option<(ArrayRef, UInt32Array, UInt32Array)> {
+    let (ColumnarValue::Array(docs), paths) = args.split_first()? else { return None };
+    if !paths.iter().all(|p| matches!(p, ColumnarValue::Scalar(_))) {
+        return None;
+    }
+    let (firsts, of_row) = match docs.data_type() {
+        DataType::Utf8View => distinct(docs.as_string_view()),
+        DataType::Utf8 => distinct(docs.as_string::<i32>()),
+        DataType::LargeUtf8 => distinct(docs.as_string::<i64>()),
+        _ => None,
+    }?;
+    Some((docs.clone(), firsts, of_row))
 }
 
 /// The first row of each distinct document (null is one of them) and, for every row, the
