@@ -7,20 +7,15 @@
 //! is parsed once and the answers are spread back to the rows. A batch whose first rows are
 //! mostly distinct goes straight to the function, having cost one hash per row sampled.
 
-use std::any::Any;
-use std::sync::Arc;
-
 use arrow::array::{Array, ArrayAccessor, ArrayRef, AsArray, UInt32Array};
 use arrow::compute::take;
-use arrow::datatypes::{DataType, FieldRef};
+use arrow::datatypes::DataType;
 use datafusion::error::Result;
-use datafusion::execution::FunctionRegistry;
-use datafusion::logical_expr::{
-    ColumnarValue, Documentation, ExpressionPlacement, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF,
-    ScalarUDFImpl, Signature,
-};
+use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF};
 use datafusion::prelude::SessionContext;
 use hashbrown::HashMap;
+
+use super::fast_path::{self, FastPath};
 
 /// Rows looked at before deciding whether a batch's documents repeat enough.
 const SAMPLE: usize = 1024;
@@ -31,62 +26,23 @@ pub fn register(ctx: &mut SessionContext) -> Result<()> {
     let names: Vec<String> =
         ctx.state().scalar_functions().keys().filter(|n| n.starts_with("json_")).cloned().collect();
     for name in names {
-        let inner = ctx.udf(&name)?;
-        // A function registered under several json_ names is met once per name.
-        if !inner.inner().as_any().is::<OncePerDocument>() {
-            ctx.register_udf(Arc::new(ScalarUDF::new_from_impl(OncePerDocument(inner))))?;
-        }
+        fast_path::register(ctx, &name, OncePerDocument)?;
     }
     Ok(())
 }
 
+/// Parses each distinct document of a batch once.
 #[derive(Debug, PartialEq, Eq, Hash)]
-struct OncePerDocument(Arc<ScalarUDF>);
+struct OncePerDocument;
 
-impl ScalarUDFImpl for OncePerDocument {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn name(&self) -> &str {
-        self.0.name()
-    }
-
-    fn aliases(&self) -> &[String] {
-        self.0.aliases()
-    }
-
-    fn signature(&self) -> &Signature {
-        self.0.signature()
-    }
-
-    fn return_type(&self, args: &[DataType]) -> Result<DataType> {
-        self.0.return_type(args)
-    }
-
-    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        self.0.return_field_from_args(args)
-    }
-
-    fn coerce_types(&self, args: &[DataType]) -> Result<Vec<DataType>> {
-        self.0.coerce_types(args)
-    }
-
-    fn placement(&self, args: &[ExpressionPlacement]) -> ExpressionPlacement {
-        self.0.inner().placement(args)
-    }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        self.0.documentation()
-    }
-
-    fn invoke_with_args(&self, mut args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+impl FastPath for OncePerDocument {
+    fn invoke(&self, function: &ScalarUDF, mut args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let Some((docs, firsts, of_row)) = repeated(&args.args) else {
-            return self.0.invoke_with_args(args);
+            return function.invoke_with_args(args);
         };
         args.args[0] = ColumnarValue::Array(take(docs.as_ref(), &firsts, None)?);
         args.number_rows = firsts.len();
-        let answers: ArrayRef = self.0.invoke_with_args(args)?.into_array(firsts.len())?;
+        let answers: ArrayRef = function.invoke_with_args(args)?.into_array(firsts.len())?;
         Ok(ColumnarValue::Array(take(answers.as_ref(), &of_row, None)?))
     }
 }
@@ -133,8 +89,11 @@ mod tests {
     use arrow::datatypes::Field;
     use datafusion::common::ScalarValue;
     use datafusion::config::ConfigOptions;
+    use datafusion::execution::FunctionRegistry;
+    use std::sync::Arc;
 
     use super::*;
+    use crate::engine::fast_path::WithFastPath;
 
     async fn udf(name: &str) -> (Arc<ScalarUDF>, Arc<ScalarUDF>) {
         let mut ctx = SessionContext::new();
@@ -142,8 +101,11 @@ mod tests {
         let plain = ctx.udf(name).unwrap();
         register(&mut ctx).unwrap();
         let wrapped = ctx.udf(name).unwrap();
-        let once = wrapped.inner().as_any().downcast_ref::<OncePerDocument>().expect("wrapped");
-        assert!(!once.0.inner().as_any().is::<OncePerDocument>(), "{name} is wrapped twice");
+        let once = wrapped.inner().as_any().downcast_ref::<WithFastPath<OncePerDocument>>().expect("wrapped");
+        assert!(
+            !once.function.inner().as_any().is::<WithFastPath<OncePerDocument>>(),
+            "{name} is wrapped twice"
+        );
         (plain, wrapped)
     }
 

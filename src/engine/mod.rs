@@ -1,7 +1,10 @@
 //! The query engine: one DataFusion session over the lake, the read-only rules, and the one
 //! entry point every front end calls: SQL in, a record-batch stream and its costs out.
 
+mod count_distinct;
+mod date_trunc;
 mod dialect;
+mod fast_path;
 mod functions;
 mod json;
 pub mod limits;
@@ -186,7 +189,9 @@ impl Engine {
         let mut ctx = SessionContext::new_with_state(state);
         ctx.register_catalog(CATALOG, system::with_system_schema(lake.catalog_provider()));
         json::register(&mut ctx)?;
+        date_trunc::register(&mut ctx)?;
         ctx.register_udaf(functions::approx_top_k());
+        ctx.register_udaf(count_distinct::count());
         let admission = Admission::new(limits.max_concurrent, limits.max_queued, limits.queue_timeout);
         Ok(Self {
             ctx,
