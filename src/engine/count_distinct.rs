@@ -111,7 +111,7 @@ impl AggregateUDFImpl for CountWithDistinctStrings {
 
 /// A group's entries before it is split into buckets: one bucket, de-duplicated as a whole.
 const SPLIT_AT: usize = 1 << 15;
-/// Buckets of a split group (by the top bits of the hash): each holds 1/256 of the values.
+/// Buckets of a split group, by hash: each holds 1/256 of the values.
 const BUCKETS: usize = 256;
 /// Entries a group buffers before its first de-duplication.
 const MIN_PENDING: usize = 4096;
@@ -167,8 +167,10 @@ fn slice(arena: &[u8], view: u128) -> &[u8] {
     &arena[offset..offset + view as u32 as usize]
 }
 
+/// The bucket of a value: from bits hashbrown uses neither to place an entry (the low bits)
+/// nor to tag it (the top 7), so a bucket's values still spread over its table and tags.
 fn bucket_of(hash: u64) -> usize {
-    (hash >> (64 - BUCKETS.trailing_zeros())) as usize
+    (hash >> 49) as usize % BUCKETS
 }
 
 impl DistinctStrings {
