@@ -116,6 +116,9 @@ const BUCKETS: usize = 256;
 /// Entries a group buffers before its first de-duplication.
 const MIN_PENDING: usize = 4096;
 
+/// The smallest scratch table kept between buckets.
+const MIN_SCRATCH: usize = 1024;
+
 /// Arrow's inline view holds strings of up to 12 bytes.
 const INLINE: u32 = 12;
 
@@ -190,7 +193,13 @@ impl DistinctStrings {
         let g = &mut groups[group];
         let mut kept = 0;
         for bucket in &mut g.buckets {
+            // Sized to this bucket: a table left large by a group's last compaction before
+            // its split would spread each small bucket over far more memory than the cache.
             scratch.clear();
+            if scratch.capacity() > 4 * bucket.len().max(MIN_SCRATCH) {
+                *scratch = HashTable::new();
+            }
+            scratch.reserve(bucket.len(), |&e| hasher.hash_one(e));
             bucket.retain(|&v| {
                 let hash = hasher.hash_one(v);
                 if scratch.find(hash, |&e| e == v).is_some() {
@@ -209,9 +218,6 @@ impl DistinctStrings {
                 split[bucket_of(hasher.hash_one(v))].push(v);
             }
             g.buckets = split;
-        }
-        if scratch.capacity() > 4 * SPLIT_AT {
-            *scratch = HashTable::new();
         }
     }
 

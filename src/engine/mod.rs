@@ -12,6 +12,7 @@ pub mod readonly;
 pub mod results;
 mod shared;
 pub mod stats;
+mod string_eq;
 mod system;
 mod window;
 
@@ -181,6 +182,8 @@ impl Engine {
             .unwrap_or(rules.len().saturating_sub(1));
         rules.insert(at, Arc::new(window::WholePartitionWindows));
         rules.push(Arc::new(crate::lake::DynamicRowFilters));
+        // Last: it only changes how a string equality is computed, once the plan is final.
+        rules.push(Arc::new(string_eq::StringEqualities));
         let state = SessionStateBuilder::new_from_existing(state)
             .with_physical_optimizer_rules(rules)
             .with_analyzer_rule(Arc::new(shared::ShareRepeatedSubqueries))
