@@ -182,6 +182,7 @@ impl Engine {
             .unwrap_or(rules.len().saturating_sub(1));
         rules.insert(at, Arc::new(window::WholePartitionWindows));
         rules.push(Arc::new(crate::lake::DynamicRowFilters));
+        rules.push(Arc::new(crate::lake::SelectiveFirst));
         // Last: it only changes how a string equality is computed, once the plan is final.
         rules.push(Arc::new(string_eq::StringEqualities));
         let state = SessionStateBuilder::new_from_existing(state)

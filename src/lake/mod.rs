@@ -27,7 +27,7 @@ use iceberg::{Catalog, NamespaceIdent, TableIdent};
 use crate::error::SkiffError;
 use crate::observe::metrics;
 use cache::Caches;
-pub use row_filter::DynamicRowFilters;
+pub use row_filter::{DynamicRowFilters, SelectiveFirst};
 pub use table::versions_read;
 use table::{PhysicalTable, VersionedTable};
 use versions::{PinnedVersions, split_version, version_name};

@@ -9,7 +9,8 @@
 //! so the measurement is cached per file, filter and columns. Filters that arrive during execution (top-k bounds, join keys) always go into
 //! the row filter (`DynamicRowFilters`).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
 
 use arrow::array::{Array, BooleanArray};
 use arrow::compute::{cast, concat_batches};
@@ -23,11 +24,13 @@ use datafusion::datasource::physical_plan::{FileScanConfigBuilder, FileSource, P
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::logical_expr::Expr;
-use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::utils::{
+    conjunction as conjunction_expr, split_conjunction as split_conjunction_expr,
+};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{Column, DynamicFilterPhysicalExpr};
-use datafusion::physical_expr::split_conjunction;
 use datafusion::physical_expr::utils::reassign_expr_columns;
+use datafusion::physical_expr::{conjunction, split_conjunction};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::FilterExec;
@@ -51,12 +54,35 @@ const WIDER: f64 = 2.0;
 const SAMPLE_ROWS: usize = 65_536;
 
 /// What a sample of one file says about a scan's filter.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Sample {
     /// The share of the sampled rows the filter keeps.
     share: f64,
     /// Bytes of the scan's other columns over bytes of the filter's columns (uncompressed).
     width: f64,
+    /// Each of the filter's conditions, as the scan shows it, with the share it keeps alone.
+    conditions: Arc<[(String, f64)]>,
+}
+
+impl Sample {
+    fn whole(width: f64) -> Self {
+        Sample { share: 1.0, width, ..Sample::default() }
+    }
+}
+
+/// The share of sampled rows each scan condition keeps, by the condition as the scan's
+/// predicate shows it (`event@4 = purchase`), for [`SelectiveFirst`]. A condition shared by
+/// two tables keeps the last share measured: that only changes an order, never an answer.
+static SHARES: LazyLock<Mutex<HashMap<String, f64>>> = LazyLock::new(Default::default);
+/// Conditions remembered before the map starts over.
+const MAX_SHARES: usize = 10_000;
+
+fn remember(conditions: &[(String, f64)]) {
+    let mut shares = SHARES.lock().unwrap_or_else(|e| e.into_inner());
+    if shares.len() + conditions.len() > MAX_SHARES {
+        shares.clear();
+    }
+    shares.extend(conditions.iter().cloned());
 }
 
 /// Whether the scan of `projected` columns with `filters` should filter rows while decoding,
@@ -71,7 +97,7 @@ pub async fn pays(
     caches: &Arc<Caches>,
     open: impl FnOnce(&FileScanTask) -> iceberg::Result<CountingReader>,
 ) -> bool {
-    let Some(predicate) = conjunction(filters.iter().cloned()) else {
+    let Some(predicate) = conjunction_expr(filters.iter().cloned()) else {
         return false;
     };
     let Some(file) = tasks.iter().max_by_key(|t| t.record_count.unwrap_or(0)) else {
@@ -83,7 +109,7 @@ pub async fn pays(
         Some(s) => s,
         None => match measure(state, schema, &names, &predicate, open(file)).await {
             Ok(s) => {
-                caches.put_selectivity(key, s).await;
+                caches.put_selectivity(key, s.clone()).await;
                 s
             }
             Err(e) => {
@@ -93,6 +119,7 @@ pub async fn pays(
         },
     };
     tracing::debug!(?sample, %predicate, "row filter sample");
+    remember(&sample.conditions);
     sample.share <= SELECTIVE && sample.width >= WIDER
 }
 
@@ -114,7 +141,7 @@ async fn measure(
 
     let builder = ParquetRecordBatchStreamBuilder::new(reader).await?;
     let Some(group) = builder.metadata().row_groups().first() else {
-        return Ok(Sample { share: 1.0, width: 0.0 });
+        return Ok(Sample::whole(0.0));
     };
     let (mut filter_bytes, mut other_bytes) = (0, 0);
     for c in group.columns() {
@@ -137,7 +164,7 @@ async fn measure(
     let stream = builder.with_projection(mask).with_row_groups(vec![0]).with_limit(SAMPLE_ROWS).build()?;
     let batches: Vec<RecordBatch> = stream.try_collect().await?;
     let Some(first) = batches.first() else {
-        return Ok(Sample { share: 1.0, width });
+        return Ok(Sample::whole(width));
     };
     let read = concat_batches(&first.schema(), &batches)?;
     // The file's columns in the table's types (the file may store an older or narrower type).
@@ -148,14 +175,95 @@ async fn measure(
         .collect::<DFResult<Vec<_>>>()?;
     let batch = RecordBatch::try_new(columns, arrays)?;
     if batch.num_rows() == 0 {
-        return Ok(Sample { share: 1.0, width });
+        return Ok(Sample::whole(width));
     }
-    let kept = evaluate.evaluate(&batch)?.into_array(batch.num_rows())?;
-    let kept = kept
-        .as_any()
-        .downcast_ref::<BooleanArray>()
-        .ok_or_else(|| DataFusionError::Plan("a filter that is not boolean".into()))?;
-    Ok(Sample { share: kept.true_count() as f64 / batch.num_rows() as f64, width })
+    let share = |e: &Arc<dyn PhysicalExpr>| -> DFResult<f64> {
+        let kept = e.evaluate(&batch)?.into_array(batch.num_rows())?;
+        let kept = kept
+            .as_any()
+            .downcast_ref::<BooleanArray>()
+            .ok_or_else(|| DataFusionError::Plan("a filter that is not boolean".into()))?;
+        Ok(kept.true_count() as f64 / batch.num_rows() as f64)
+    };
+    let table = DFSchema::try_from(schema.as_ref().clone())?;
+    let sampled = DFSchema::try_from(batch.schema())?;
+    let conditions = split_conjunction_expr(predicate)
+        .into_iter()
+        .map(|c| {
+            let shown = state.create_physical_expr(c.clone(), &table)?.to_string();
+            Ok((shown, share(&state.create_physical_expr(c.clone(), &sampled)?)?))
+        })
+        .collect::<DFResult<Vec<_>>>()?;
+    Ok(Sample { share: share(&evaluate)?, width, conditions: conditions.into() })
+}
+
+/// A row filter evaluates its conditions one after another, each on the rows the previous
+/// ones kept. DataFusion orders them by the bytes of their columns; skiff orders them by the
+/// share of the sampled rows each keeps, fewest first, when the scan measured them. In
+/// `breakdown` (`project_id = 'proj_alpha' AND event = 'purchase'`, a third and 2% of the
+/// rows) testing the event first made the query 1.6× faster: the project is then decoded for
+/// 2% of the rows instead of the event for a third. Conditions never measured (a dynamic
+/// filter) come after those that were, in their order.
+#[derive(Debug, Default)]
+pub struct SelectiveFirst;
+
+impl PhysicalOptimizerRule for SelectiveFirst {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            let Some(exec) = node.as_any().downcast_ref::<DataSourceExec>() else {
+                return Ok(Transformed::no(node));
+            };
+            let Some((config, source)) = exec.downcast_to_file_source::<ParquetSource>() else {
+                return Ok(Transformed::no(node));
+            };
+            let options = &source.table_parquet_options().global;
+            if !options.pushdown_filters || !options.reorder_filters {
+                return Ok(Transformed::no(node));
+            }
+            let ordered = {
+                let shares = SHARES.lock().unwrap_or_else(|e| e.into_inner());
+                source.filter().and_then(|p| selective_first(&p, |c| shares.get(c).copied()))
+            };
+            let Some(ordered) = ordered else {
+                return Ok(Transformed::no(node));
+            };
+            let source = source.with_predicate(ordered).with_reorder_filters(false);
+            let config = FileScanConfigBuilder::from(config.clone()).with_source(Arc::new(source)).build();
+            Ok(Transformed::yes(Arc::new(exec.clone().with_data_source(Arc::new(config))) as _))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "selective_first"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// `predicate`'s conditions ordered by the share each keeps, fewest first (unknown ones last,
+/// ties in their order); `None` when fewer than two conditions or none with a known share.
+fn selective_first(
+    predicate: &Arc<dyn PhysicalExpr>,
+    share: impl Fn(&str) -> Option<f64>,
+) -> Option<Arc<dyn PhysicalExpr>> {
+    let conditions = split_conjunction(predicate);
+    let mut ranked: Vec<(f64, usize, Arc<dyn PhysicalExpr>)> = conditions
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (share(&c.to_string()).unwrap_or(f64::INFINITY), i, Arc::clone(c)))
+        .collect();
+    if ranked.len() < 2 || ranked.iter().all(|r| r.0.is_infinite()) {
+        return None;
+    }
+    ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    Some(conjunction(ranked.into_iter().map(|r| r.2)))
 }
 
 /// Filters that arrive while the query runs (a top-k's current bound, a hash join's build-side
@@ -239,4 +347,36 @@ fn fold(filter: &FilterExec, scan: Arc<dyn ExecutionPlan>) -> DFResult<Option<Ar
         (Arc::new(Column::new(name, i)) as Arc<dyn PhysicalExpr>, name.clone())
     });
     Ok(Some(Arc::new(ProjectionExec::try_new(exprs, scan)?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::datatypes::{DataType, Field};
+    use datafusion::logical_expr::Operator;
+    use datafusion::physical_plan::expressions::{binary, col, lit};
+
+    #[test]
+    fn conditions_go_fewest_rows_first() {
+        let schema = Schema::new(vec![
+            Field::new("project", DataType::Utf8, true),
+            Field::new("event", DataType::Utf8, true),
+            Field::new("n", DataType::Int64, true),
+        ]);
+        let eq = |c: &str, v: &str| binary(col(c, &schema).unwrap(), Operator::Eq, lit(v), &schema).unwrap();
+        let (project, event) = (eq("project", "alpha"), eq("event", "purchase"));
+        let n = binary(col("n", &schema).unwrap(), Operator::Gt, lit(1i64), &schema).unwrap();
+        let predicate = conjunction([project.clone(), n.clone(), event.clone()]);
+        let shares: HashMap<String, f64> =
+            [(project.to_string(), 0.33), (event.to_string(), 0.02)].into_iter().collect();
+        let ordered = selective_first(&predicate, |c| shares.get(c).copied()).expect("reordered");
+        // The measured ones by share, then the unmeasured one.
+        assert_eq!(ordered.to_string(), conjunction([event.clone(), project.clone(), n.clone()]).to_string());
+        // Equal shares keep their order.
+        let ordered = selective_first(&predicate, |c| (c != n.to_string()).then_some(0.5)).unwrap();
+        assert_eq!(ordered.to_string(), conjunction([project.clone(), event.clone(), n.clone()]).to_string());
+        // Nothing measured, or a single condition: left to DataFusion.
+        assert!(selective_first(&predicate, |_| None).is_none());
+        assert!(selective_first(&event, |_| Some(0.1)).is_none());
+    }
 }
