@@ -20,7 +20,7 @@ use datafusion::catalog::Session;
 use datafusion::common::DFSchema;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::datasource::physical_plan::{FileScanConfigBuilder, FileSource, ParquetSource};
+use datafusion::datasource::physical_plan::{FileSource, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::logical_expr::Expr;
@@ -41,7 +41,7 @@ use parquet::arrow::ParquetRecordBatchStreamBuilder;
 use parquet::arrow::ProjectionMask;
 
 use super::cache::Caches;
-use super::scan::CountingReader;
+use super::scan::{CountingReader, with_parquet_source};
 
 /// A row filter pays when its filter keeps at most this share of the rows…
 const SELECTIVE: f64 = 0.1;
@@ -187,13 +187,15 @@ async fn measure(
     };
     let table = DFSchema::try_from(schema.as_ref().clone())?;
     let sampled = DFSchema::try_from(batch.schema())?;
+    // Each condition alone, as well as it can be measured: a condition that cannot only goes
+    // unordered, and the filter as a whole still decides.
     let conditions = split_conjunction_expr(predicate)
         .into_iter()
-        .map(|c| {
-            let shown = state.create_physical_expr(c.clone(), &table)?.to_string();
-            Ok((shown, share(&state.create_physical_expr(c.clone(), &sampled)?)?))
+        .filter_map(|c| {
+            let shown = state.create_physical_expr(c.clone(), &table).ok()?.to_string();
+            Some((shown, share(&state.create_physical_expr(c.clone(), &sampled).ok()?).ok()?))
         })
-        .collect::<DFResult<Vec<_>>>()?;
+        .collect::<Vec<_>>();
     Ok(Sample { share: share(&evaluate)?, width, conditions: conditions.into() })
 }
 
@@ -214,26 +216,19 @@ impl PhysicalOptimizerRule for SelectiveFirst {
         _config: &ConfigOptions,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
         plan.transform_up(|node| {
-            let Some(exec) = node.as_any().downcast_ref::<DataSourceExec>() else {
-                return Ok(Transformed::no(node));
-            };
-            let Some((config, source)) = exec.downcast_to_file_source::<ParquetSource>() else {
-                return Ok(Transformed::no(node));
-            };
-            let options = &source.table_parquet_options().global;
-            if !options.pushdown_filters || !options.reorder_filters {
-                return Ok(Transformed::no(node));
-            }
-            let ordered = {
+            let ordered = with_parquet_source(&node, |source| {
+                let options = &source.table_parquet_options().global;
+                if !options.pushdown_filters || !options.reorder_filters {
+                    return None;
+                }
                 let shares = SHARES.lock().unwrap_or_else(|e| e.into_inner());
-                source.filter().and_then(|p| selective_first(&p, |c| shares.get(c).copied()))
-            };
-            let Some(ordered) = ordered else {
-                return Ok(Transformed::no(node));
-            };
-            let source = source.with_predicate(ordered).with_reorder_filters(false);
-            let config = FileScanConfigBuilder::from(config.clone()).with_source(Arc::new(source)).build();
-            Ok(Transformed::yes(Arc::new(exec.clone().with_data_source(Arc::new(config))) as _))
+                let ordered = selective_first(&source.filter()?, |c| shares.get(c).copied())?;
+                Some(source.with_predicate(ordered).with_reorder_filters(false))
+            });
+            Ok(match ordered {
+                Some(scan) => Transformed::yes(scan),
+                None => Transformed::no(node),
+            })
         })
         .map(|t| t.data)
     }
@@ -307,16 +302,14 @@ impl PhysicalOptimizerRule for DynamicRowFilters {
 
 /// `plan` with its row filter on, if it is a Parquet scan with a dynamic filter and without one.
 fn with_row_filter(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
-    let exec = plan.as_any().downcast_ref::<DataSourceExec>()?;
-    let (config, source) = exec.downcast_to_file_source::<ParquetSource>()?;
-    let predicate = source.filter()?;
-    let dynamic = predicate.exists(|e| Ok(e.as_any().is::<DynamicFilterPhysicalExpr>())).ok()?;
-    if !dynamic || source.table_parquet_options().global.pushdown_filters {
-        return None;
-    }
-    let source = source.clone().with_pushdown_filters(true).with_reorder_filters(true);
-    let config = FileScanConfigBuilder::from(config.clone()).with_source(Arc::new(source)).build();
-    Some(Arc::new(exec.clone().with_data_source(Arc::new(config))))
+    with_parquet_source(plan, |source| {
+        let predicate = source.filter()?;
+        let dynamic = predicate.exists(|e| Ok(e.as_any().is::<DynamicFilterPhysicalExpr>())).ok()?;
+        if !dynamic || source.table_parquet_options().global.pushdown_filters {
+            return None;
+        }
+        Some(source.clone().with_pushdown_filters(true).with_reorder_filters(true))
+    })
 }
 
 /// `filter` folded into `scan` (which has its row filter on), when the scan's predicate holds

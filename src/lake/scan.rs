@@ -340,6 +340,19 @@ impl ParquetScan<'_> {
     }
 }
 
+/// `plan` reading through the source `change` makes from its own, when `plan` is a Parquet
+/// scan and `change` makes one: how skiff's plan rules adjust a scan DataFusion finished.
+pub fn with_parquet_source(
+    plan: &Arc<dyn ExecutionPlan>,
+    change: impl FnOnce(&ParquetSource) -> Option<ParquetSource>,
+) -> Option<Arc<dyn ExecutionPlan>> {
+    let exec = plan.as_any().downcast_ref::<DataSourceExec>()?;
+    let (config, source) = exec.downcast_to_file_source::<ParquetSource>()?;
+    let source = change(source)?;
+    let config = FileScanConfigBuilder::from(config.clone()).with_source(Arc::new(source)).build();
+    Some(Arc::new(exec.clone().with_data_source(Arc::new(config))))
+}
+
 /// Whether a task reads its whole file, so the file's statistics are the task's.
 fn whole_file(t: &FileScanTask) -> bool {
     t.start == 0 && t.length == t.file_size_in_bytes
