@@ -10,6 +10,10 @@
 //! sequential, and memory stays within three times the distinct values. Longer strings, rare
 //! in event data, are copied once into an arena and kept in a hash set per group. Every other
 //! use of `count` goes to DataFusion's own, which this wraps under the same name.
+//!
+//! DataFusion plans a lone `count(DISTINCT x)` as a grouping by `x` and a count over it
+//! (`SingleDistinctToGroupBy`); for strings that skips this accumulator and costs more, so
+//! [`SingleDistinctUnlessStrings`] leaves those aggregations as they are.
 use std::any::Any;
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -17,6 +21,7 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, ListArray, StringViewArray};
 use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{DataType, Field, FieldRef};
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::{ScalarValue, resources_err};
 use datafusion::error::Result;
 use datafusion::functions_aggregate::count::Count;
@@ -26,6 +31,8 @@ use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, EmitTo, GroupsAccumulator, ReversedUDAF,
     SetMonotonicity, Signature, StatisticsArgs,
 };
+use datafusion::logical_expr::{Aggregate, Expr, ExprSchemable, LogicalPlan};
+use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 use hashbrown::HashTable;
 
 /// `count`, with a native groups accumulator for `count(DISTINCT <string>)`.
@@ -107,6 +114,54 @@ impl AggregateUDFImpl for CountWithDistinctStrings {
     fn set_monotonicity(&self, data_type: &DataType) -> SetMonotonicity {
         self.0.set_monotonicity(data_type)
     }
+}
+
+/// DataFusion's `SingleDistinctToGroupBy`, except for aggregations that count distinct
+/// strings: at 30M events, unique_people's 13.9M values took 1.3 s of CPU to group by
+/// (week, value) against about 0.5 s in this accumulator, and a grouping keeps every
+/// distinct value of a partition in one table, far past the CPU caches.
+#[derive(Debug)]
+struct SingleDistinctUnlessStrings(Arc<dyn OptimizerRule + Send + Sync>);
+
+/// `rules` with DataFusion's `SingleDistinctToGroupBy` wrapped in [`SingleDistinctUnlessStrings`].
+pub fn keep_distinct_strings(
+    rules: &[Arc<dyn OptimizerRule + Send + Sync>],
+) -> Vec<Arc<dyn OptimizerRule + Send + Sync>> {
+    let wrap = |r: &Arc<dyn OptimizerRule + Send + Sync>| -> Arc<dyn OptimizerRule + Send + Sync> {
+        match r.name() {
+            "single_distinct_aggregation_to_group_by" => Arc::new(SingleDistinctUnlessStrings(r.clone())),
+            _ => r.clone(),
+        }
+    };
+    rules.iter().map(wrap).collect()
+}
+
+impl OptimizerRule for SingleDistinctUnlessStrings {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn apply_order(&self) -> Option<ApplyOrder> {
+        self.0.apply_order()
+    }
+
+    fn rewrite(&self, plan: LogicalPlan, config: &dyn OptimizerConfig) -> Result<Transformed<LogicalPlan>> {
+        match &plan {
+            LogicalPlan::Aggregate(a) if a.aggr_expr.iter().any(|e| counts_distinct_strings(e, a)) => {
+                Ok(Transformed::no(plan))
+            }
+            _ => self.0.rewrite(plan, config),
+        }
+    }
+}
+
+fn counts_distinct_strings(e: &Expr, a: &Aggregate) -> bool {
+    let Expr::AggregateFunction(f) = e else { return false };
+    let p = &f.params;
+    f.func.inner().as_any().is::<CountWithDistinctStrings>()
+        && p.distinct
+        && p.args.len() == 1
+        && p.args[0].get_type(a.input.schema()).is_ok_and(|t| t == DataType::Utf8View)
 }
 
 /// A group's entries before it is split into buckets: one bucket, de-duplicated as a whole.
@@ -571,5 +626,54 @@ mod tests {
         let mut got = counts(acc.evaluate(EmitTo::First(5)).unwrap());
         got.extend(counts(acc.evaluate(EmitTo::All).unwrap()));
         assert_eq!(got, want);
+    }
+
+    /// Plans and answers with the engine's `count` and optimizer rules, or DataFusion's own.
+    async fn plan_and_answer(skiff: bool, sql: &str) -> (String, String) {
+        use arrow::util::pretty::pretty_format_batches;
+        use datafusion::datasource::MemTable;
+        use datafusion::execution::SessionStateBuilder;
+        use datafusion::prelude::SessionContext;
+
+        let state = SessionStateBuilder::new().with_default_features().build();
+        let state = match skiff {
+            true => {
+                let rules = keep_distinct_strings(state.optimizers());
+                SessionStateBuilder::new_from_existing(state).with_optimizer_rules(rules).build()
+            }
+            false => state,
+        };
+        let ctx = SessionContext::new_with_state(state);
+        if skiff {
+            ctx.register_udaf(count());
+        }
+        let (g, v) = rows(3000, 7, 5);
+        let n: ArrayRef = Arc::new(Int64Array::from_iter_values((0..3000).map(|i| i % 97)));
+        let g: ArrayRef = Arc::new(Int64Array::from_iter_values(g.iter().map(|&g| g as i64)));
+        let batch =
+            arrow::array::RecordBatch::try_from_iter([("g", g), ("s", Arc::new(v) as ArrayRef), ("n", n)])
+                .unwrap();
+        let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
+        ctx.register_table("t", Arc::new(table)).unwrap();
+        let answer = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        let plan = ctx.sql(&format!("EXPLAIN {sql}")).await.unwrap().collect().await.unwrap();
+        (
+            pretty_format_batches(&answer).unwrap().to_string(),
+            pretty_format_batches(&plan).unwrap().to_string(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_lone_distinct_count_of_strings_is_not_regrouped() {
+        for (sql, regrouped) in [
+            ("SELECT g, count(DISTINCT s) AS c FROM t GROUP BY g ORDER BY g", false),
+            ("SELECT count(DISTINCT s) AS c FROM t", false),
+            ("SELECT g, count(DISTINCT n) AS c FROM t GROUP BY g ORDER BY g", true),
+        ] {
+            let (want, _) = plan_and_answer(false, sql).await;
+            let (got, plan) = plan_and_answer(true, sql).await;
+            assert_eq!(got, want, "{sql}");
+            assert_eq!(plan.contains("alias1"), regrouped, "{sql}\n{plan}");
+        }
     }
 }

@@ -182,4 +182,21 @@ mod tests {
         let end = Arc::new(PrimitiveArray::<TimestampSecondType>::from(vec![i64::MAX]));
         assert!(truncated(&[utc[0].clone(), ColumnarValue::Array(end)]).is_none());
     }
+
+    /// The wrapper keeps what the planner asks of the function, here that truncating sorted
+    /// timestamps keeps them sorted.
+    #[test]
+    fn the_wrapper_keeps_the_functions_orderings() {
+        use arrow::compute::SortOptions;
+        use datafusion::logical_expr::sort_properties::{ExprProperties, SortProperties};
+
+        let (plain, fast) = functions();
+        let ordered = SortProperties::Ordered(SortOptions::default());
+        let inputs = [
+            ExprProperties::new_unknown().with_order(SortProperties::Singleton),
+            ExprProperties::new_unknown().with_order(ordered),
+        ];
+        assert_eq!(plain.inner().output_ordering(&inputs).unwrap(), ordered);
+        assert_eq!(fast.inner().output_ordering(&inputs).unwrap(), ordered);
+    }
 }

@@ -1,7 +1,9 @@
 //! A built-in scalar function with a faster evaluation for some arguments.
 //!
-//! The wrapper takes the function's name, signature, types and placement from the function
-//! itself, so plans are unchanged; only evaluation goes through the [`FastPath`] first.
+//! The wrapper takes everything that shapes a plan (name, signature, types, simplification,
+//! orderings, bounds, placement) from the function itself, so plans are unchanged; only
+//! evaluation goes through the [`FastPath`] first, and a path may keep a call from being
+//! simplified away.
 
 use std::any::Any;
 use std::fmt::Debug;
@@ -11,8 +13,12 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, FieldRef};
 use datafusion::error::Result;
 use datafusion::execution::FunctionRegistry;
+use datafusion::logical_expr::interval_arithmetic::Interval;
+use datafusion::logical_expr::preimage::PreimageResult;
+use datafusion::logical_expr::simplify::{ExprSimplifyResult, SimplifyContext};
+use datafusion::logical_expr::sort_properties::{ExprProperties, SortProperties};
 use datafusion::logical_expr::{
-    ColumnarValue, Documentation, ExpressionPlacement, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF,
+    ColumnarValue, Documentation, Expr, ExpressionPlacement, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF,
     ScalarUDFImpl, Signature,
 };
 use datafusion::prelude::SessionContext;
@@ -21,6 +27,16 @@ use datafusion::prelude::SessionContext;
 pub trait FastPath: Debug + PartialEq + Eq + Hash + Send + Sync + 'static {
     /// Evaluates `args`, calling `function` for anything the fast path does not cover.
     fn invoke(&self, function: &ScalarUDF, args: ScalarFunctionArgs) -> Result<ColumnarValue>;
+
+    /// The function's own rewrite of a call, unless the path evaluates the call itself.
+    fn simplify(
+        &self,
+        function: &ScalarUDF,
+        args: Vec<Expr>,
+        info: &SimplifyContext,
+    ) -> Result<ExprSimplifyResult> {
+        function.simplify(args, info)
+    }
 }
 
 /// Replaces the registered function `name` with itself plus `path`, once.
@@ -78,5 +94,45 @@ impl<P: FastPath> ScalarUDFImpl for WithFastPath<P> {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         self.path.invoke(&self.function, args)
+    }
+
+    fn simplify(&self, args: Vec<Expr>, info: &SimplifyContext) -> Result<ExprSimplifyResult> {
+        self.path.simplify(&self.function, args, info)
+    }
+
+    fn schema_name(&self, args: &[Expr]) -> Result<String> {
+        self.function.inner().schema_name(args)
+    }
+
+    fn preimage(&self, args: &[Expr], lit_expr: &Expr, info: &SimplifyContext) -> Result<PreimageResult> {
+        self.function.inner().preimage(args, lit_expr, info)
+    }
+
+    fn short_circuits(&self) -> bool {
+        self.function.short_circuits()
+    }
+
+    fn conditional_arguments<'a>(&self, args: &'a [Expr]) -> Option<(Vec<&'a Expr>, Vec<&'a Expr>)> {
+        self.function.conditional_arguments(args)
+    }
+
+    fn evaluate_bounds(&self, input: &[&Interval]) -> Result<Interval> {
+        self.function.inner().evaluate_bounds(input)
+    }
+
+    fn propagate_constraints(
+        &self,
+        interval: &Interval,
+        inputs: &[&Interval],
+    ) -> Result<Option<Vec<Interval>>> {
+        self.function.inner().propagate_constraints(interval, inputs)
+    }
+
+    fn output_ordering(&self, inputs: &[ExprProperties]) -> Result<SortProperties> {
+        self.function.inner().output_ordering(inputs)
+    }
+
+    fn preserves_lex_ordering(&self, inputs: &[ExprProperties]) -> Result<bool> {
+        self.function.inner().preserves_lex_ordering(inputs)
     }
 }

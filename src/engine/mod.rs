@@ -1,6 +1,7 @@
 //! The query engine: one DataFusion session over the lake, the read-only rules, and the one
 //! entry point every front end calls: SQL in, a record-batch stream and its costs out.
 
+mod coalesce;
 mod count_distinct;
 mod date_trunc;
 mod dialect;
@@ -185,7 +186,9 @@ impl Engine {
         rules.push(Arc::new(crate::lake::SelectiveFirst));
         // Last: it only changes how a string equality is computed, once the plan is final.
         rules.push(Arc::new(string_eq::StringEqualities));
+        let logical_rules = count_distinct::keep_distinct_strings(state.optimizers());
         let state = SessionStateBuilder::new_from_existing(state)
+            .with_optimizer_rules(logical_rules)
             .with_physical_optimizer_rules(rules)
             .with_analyzer_rule(Arc::new(shared::ShareRepeatedSubqueries))
             .with_query_planner(Arc::new(shared::Planner))
@@ -194,6 +197,7 @@ impl Engine {
         ctx.register_catalog(CATALOG, system::with_system_schema(lake.catalog_provider()));
         json::register(&mut ctx)?;
         date_trunc::register(&mut ctx)?;
+        coalesce::register(&mut ctx)?;
         ctx.register_udaf(functions::approx_top_k());
         ctx.register_udaf(count_distinct::count());
         let admission = Admission::new(limits.max_concurrent, limits.max_queued, limits.queue_timeout);
