@@ -132,7 +132,6 @@ fn first_valid_views(args: &[ColumnarValue]) -> Result<ArrayRef> {
 mod tests {
     use arrow::array::RecordBatch;
     use arrow::datatypes::{Field, Schema};
-    use arrow::util::pretty::pretty_format_batches;
     use datafusion::datasource::MemTable;
 
     use super::*;
@@ -180,12 +179,7 @@ mod tests {
             register(&mut ctx).unwrap();
         }
         ctx.register_table("t", Arc::new(table())).unwrap();
-        let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
-        let explain = ctx.sql(&format!("EXPLAIN {sql}")).await.unwrap().collect().await.unwrap();
-        (
-            pretty_format_batches(&batches).unwrap().to_string(),
-            pretty_format_batches(&explain).unwrap().to_string(),
-        )
+        crate::engine::answer_and_plan(&ctx, sql).await
     }
 
     #[tokio::test]

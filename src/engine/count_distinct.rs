@@ -630,7 +630,6 @@ mod tests {
 
     /// Plans and answers with the engine's `count` and optimizer rules, or DataFusion's own.
     async fn plan_and_answer(skiff: bool, sql: &str) -> (String, String) {
-        use arrow::util::pretty::pretty_format_batches;
         use datafusion::datasource::MemTable;
         use datafusion::execution::SessionStateBuilder;
         use datafusion::prelude::SessionContext;
@@ -655,12 +654,7 @@ mod tests {
                 .unwrap();
         let table = MemTable::try_new(batch.schema(), vec![vec![batch]]).unwrap();
         ctx.register_table("t", Arc::new(table)).unwrap();
-        let answer = ctx.sql(sql).await.unwrap().collect().await.unwrap();
-        let plan = ctx.sql(&format!("EXPLAIN {sql}")).await.unwrap().collect().await.unwrap();
-        (
-            pretty_format_batches(&answer).unwrap().to_string(),
-            pretty_format_batches(&plan).unwrap().to_string(),
-        )
+        crate::engine::answer_and_plan(&ctx, sql).await
     }
 
     #[tokio::test]

@@ -375,3 +375,12 @@ impl Engine {
         Ok(Query { schema, stream, stats, fingerprint })
     }
 }
+
+/// For tests: a query's answer and its EXPLAIN, each printed as a table.
+#[cfg(test)]
+pub(crate) async fn answer_and_plan(ctx: &SessionContext, sql: &str) -> (String, String) {
+    use arrow::util::pretty::pretty_format_batches;
+    let answer = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    let plan = ctx.sql(&format!("EXPLAIN {sql}")).await.unwrap().collect().await.unwrap();
+    (pretty_format_batches(&answer).unwrap().to_string(), pretty_format_batches(&plan).unwrap().to_string())
+}
