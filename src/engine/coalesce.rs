@@ -10,7 +10,7 @@
 //! buffers. Calls with any other argument keep DataFusion's CASE.
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, StringViewArray};
+use arrow::array::{Array, ArrayRef, AsArray, MAX_INLINE_VIEW_LEN, StringViewArray};
 use arrow::buffer::{BooleanBuffer, NullBuffer, ScalarBuffer};
 use arrow::compute::{is_not_null, kernels::zip::zip};
 use arrow::datatypes::DataType;
@@ -46,19 +46,14 @@ impl FastPath for FirstValidView {
     /// Only calls `simplify` kept reach here, and DataFusion's own `coalesce` cannot evaluate
     /// (it expects to have been rewritten), so every type is answered, views fastest.
     fn invoke(&self, _function: &ScalarUDF, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let args = args.args;
+        let (rows, args) = (args.number_rows, args.args);
         if args.iter().all(|a| matches!(a, ColumnarValue::Scalar(_))) {
             let first = args.iter().find(|a| matches!(a, ColumnarValue::Scalar(s) if !s.is_null()));
             return Ok(first.or(args.last()).cloned().expect("coalesce has arguments"));
         }
         if args.iter().all(|a| a.data_type() == DataType::Utf8View) {
-            return Ok(ColumnarValue::Array(first_valid_views(&args)?));
+            return Ok(ColumnarValue::Array(first_valid_views(&args, rows)?));
         }
-        let rows = args.iter().map(|a| match a {
-            ColumnarValue::Array(a) => a.len(),
-            ColumnarValue::Scalar(_) => 1,
-        });
-        let rows = rows.max().unwrap_or(1);
         let mut acc = args[0].to_array(rows)?;
         for next in &args[1..] {
             if acc.null_count() == 0 {
@@ -70,22 +65,14 @@ impl FastPath for FirstValidView {
     }
 }
 
-/// Views longer than this point into a data buffer; shorter ones hold their bytes.
-const INLINE: u32 = 12;
-
 /// Row by row, the view of the first argument that is valid there: the first argument's
 /// views copied whole, then each later argument's on the rows still null.
-fn first_valid_views(args: &[ColumnarValue]) -> Result<ArrayRef> {
+fn first_valid_views(args: &[ColumnarValue], rows: usize) -> Result<ArrayRef> {
     if let Some(ColumnarValue::Array(first)) = args.first()
         && first.null_count() == 0
     {
         return Ok(first.clone());
     }
-    let rows = args.iter().find_map(|a| match a {
-        ColumnarValue::Array(a) => Some(a.len()),
-        ColumnarValue::Scalar(_) => None,
-    });
-    let rows = rows.expect("an argument is an array");
     let mut views: Vec<u128> = Vec::new();
     let mut buffers = Vec::new();
     // Rows no argument so far was valid on.
@@ -96,9 +83,9 @@ fn first_valid_views(args: &[ColumnarValue]) -> Result<ArrayRef> {
             ColumnarValue::Scalar(s) => (s.to_array_of_size(1)?, true),
         };
         let array = array.as_string_view();
-        // Bits 64..96 of a long view are its buffer's index.
+        // Bits 64..96 of a long view are its buffer's index; a short one holds its bytes.
         let shift = (buffers.len() as u128) << 64;
-        let moved = |v: u128| if v as u32 > INLINE { v + shift } else { v };
+        let moved = |v: u128| if v as u32 > MAX_INLINE_VIEW_LEN { v + shift } else { v };
         buffers.extend(array.data_buffers().iter().cloned());
         let valid = match (scalar, array.nulls()) {
             (true, _) if array.is_null(0) => continue,

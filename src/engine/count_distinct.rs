@@ -18,7 +18,9 @@ use std::any::Any;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, ListArray, StringViewArray};
+use arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, Int64Array, ListArray, MAX_INLINE_VIEW_LEN, StringViewArray,
+};
 use arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::tree_node::Transformed;
@@ -174,9 +176,6 @@ const MIN_PENDING: usize = 4096;
 /// The smallest scratch table kept between buckets.
 const MIN_SCRATCH: usize = 1024;
 
-/// Arrow's inline view holds strings of up to 12 bytes.
-const INLINE: u32 = 12;
-
 /// One group's distinct strings.
 #[derive(Default)]
 struct Group {
@@ -217,7 +216,7 @@ struct DistinctStrings {
 /// An inline view with the bytes past its length cleared, so equal strings have equal views.
 fn inline_key(view: u128) -> u128 {
     let len = view as u32;
-    if len == INLINE { view } else { view & ((1u128 << (32 + 8 * len)) - 1) }
+    if len == MAX_INLINE_VIEW_LEN { view } else { view & ((1u128 << (32 + 8 * len)) - 1) }
 }
 
 fn slice(arena: &[u8], view: u128) -> &[u8] {
@@ -302,7 +301,7 @@ impl DistinctStrings {
         for (row, group) in groups {
             if values.is_valid(row) {
                 let view = views[row];
-                if view as u32 <= INLINE {
+                if view as u32 <= MAX_INLINE_VIEW_LEN {
                     self.insert_short(group, inline_key(view));
                 } else {
                     self.insert_long(group, view, values.value(row).as_bytes())?;
