@@ -8,12 +8,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use iceberg::spec::{Manifest, ManifestFile, ManifestList};
+use iceberg::spec::{ManifestFile, ManifestList};
 use iceberg::table::Table;
 use parquet::file::metadata::ParquetMetaData;
 
 use super::data_cache::DataCache;
 use super::file_stats::SnapshotFiles;
+use super::manifest::{self, FileEntry};
 use super::row_filter::Sample;
 use crate::observe::metrics;
 
@@ -40,7 +41,8 @@ pub struct Caches {
     /// own manifest cache, which lives inside it.
     tables: Mutex<HashMap<String, LoadedTable>>,
     manifest_lists: moka::future::Cache<String, Arc<ManifestList>>,
-    manifests: moka::future::Cache<String, Arc<Manifest>>,
+    /// Manifest path → the live data files it lists.
+    manifests: moka::future::Cache<String, Arc<[FileEntry]>>,
     snapshots: moka::future::Cache<(String, i32), Arc<SnapshotFiles>>,
     footers: moka::future::Cache<String, Arc<ParquetMetaData>>,
     /// (file, filter, columns) → what a sample of the file says about the filter.
@@ -110,16 +112,25 @@ impl Caches {
         Ok(m)
     }
 
-    pub async fn manifest(&self, table: &Table, file: &ManifestFile) -> iceberg::Result<Arc<Manifest>> {
+    /// The live data files a manifest lists. Encrypted manifests are read by iceberg-rust,
+    /// which decrypts them; the rest are decoded by `manifest`.
+    pub async fn manifest(&self, table: &Table, file: &ManifestFile) -> iceberg::Result<Arc<[FileEntry]>> {
         if let Some(m) = self.manifests.get(&file.manifest_path).await {
             metrics::cache_hit("manifest");
             return Ok(m);
         }
         metrics::cache_miss("manifest");
-        let m =
-            Arc::new(file.load_manifest(table.file_io()).await.map_err(|e| named(e, &file.manifest_path))?);
-        self.manifests.insert(file.manifest_path.clone(), m.clone()).await;
-        Ok(m)
+        let path = &file.manifest_path;
+        let files = if file.key_metadata.is_some() {
+            manifest::from_iceberg(&file.load_manifest(table.file_io()).await.map_err(|e| named(e, path))?)
+        } else {
+            let read = async { table.file_io().new_input(path)?.read().await };
+            let avro = read.await.map_err(|e| named(e, path))?;
+            manifest::live_files(&avro).map_err(|e| named(e, path))?
+        };
+        let files: Arc<[FileEntry]> = files.into();
+        self.manifests.insert(path.clone(), files.clone()).await;
+        Ok(files)
     }
 
     pub async fn snapshot_files(&self, key: &(String, i32)) -> Option<Arc<SnapshotFiles>> {

@@ -18,11 +18,12 @@ use datafusion::common::{ColumnStatistics, ScalarValue, Statistics};
 use futures::{StreamExt, TryStreamExt};
 use iceberg::ErrorKind;
 use iceberg::spec::{
-    DataFile, DataFileFormat, Datum, Manifest, ManifestContentType, ManifestFile, PrimitiveLiteral,
+    DataFileFormat, Datum, ManifestContentType, ManifestFile, PrimitiveLiteral, PrimitiveType,
 };
 use iceberg::table::Table;
 
 use super::cache::Caches;
+use super::manifest::FileEntry;
 use super::scan::MANIFEST_READS;
 
 /// Every live data file of one snapshot, with its statistics over the table's Arrow schema.
@@ -74,7 +75,7 @@ pub async fn snapshot_files(
         let (caches, table) = (caches.clone(), table.clone());
         tokio::spawn(async move { caches.manifest(&table, &m).await })
     });
-    let manifests: Vec<Arc<Manifest>> = futures::stream::iter(loads)
+    let manifests: Vec<Arc<[FileEntry]>> = futures::stream::iter(loads)
         .buffered(MANIFEST_READS)
         .map(|joined| {
             joined
@@ -82,52 +83,57 @@ pub async fn snapshot_files(
         })
         .try_collect()
         .await?;
-    // Field ids of the Arrow schema's columns (same order: the schema is made from this one).
+    // Field ids and Iceberg types of the Arrow schema's columns (same order: the schema is
+    // made from this one).
     let iceberg_fields = metadata.current_schema().as_struct().fields();
-    let ids: Vec<Option<i32>> = schema
+    let ids: Vec<Option<(i32, PrimitiveType)>> = schema
         .fields()
         .iter()
         .enumerate()
-        .map(|(i, f)| iceberg_fields.get(i).filter(|x| x.name == *f.name()).map(|x| x.id))
+        .map(|(i, f)| {
+            let field = iceberg_fields.get(i).filter(|x| x.name == *f.name())?;
+            Some((field.id, field.field_type.as_primitive_type()?.clone()))
+        })
         .collect();
     let mut out = SnapshotFiles { has_deletes, ..Default::default() };
-    for m in &manifests {
-        for entry in m.entries().iter().filter(|e| e.is_alive()) {
-            let file = entry.data_file();
-            let path = file.file_path().to_string();
-            out.by_path.insert(path.clone(), out.files.len());
-            out.files.push(LiveFile {
-                path,
-                size: file.file_size_in_bytes(),
-                records: file.record_count(),
-                format: file.file_format(),
-                stats: Arc::new(file_statistics(file, schema, &ids)),
-            });
-        }
+    for file in manifests.iter().flat_map(|m| m.iter()) {
+        out.by_path.insert(file.path.clone(), out.files.len());
+        out.files.push(LiveFile {
+            path: file.path.clone(),
+            size: file.size,
+            records: file.records,
+            format: file.format,
+            stats: Arc::new(file_statistics(file, schema, &ids)),
+        });
     }
     let out = Arc::new(out);
     caches.put_snapshot_files(key, out.clone()).await;
     Ok(out)
 }
 
-fn file_statistics(file: &DataFile, schema: &SchemaRef, ids: &[Option<i32>]) -> Statistics {
-    let rows = file.record_count() as usize;
+fn file_statistics(file: &FileEntry, schema: &SchemaRef, ids: &[Option<(i32, PrimitiveType)>]) -> Statistics {
+    let rows = file.records as usize;
     let columns = schema
         .fields()
         .iter()
         .zip(ids)
         .map(|(field, id)| {
-            let Some(id) = id else { return ColumnStatistics::new_unknown() };
-            let nulls = file.null_value_counts().get(id).map(|n| *n as usize);
+            let Some((id, ty)) = id else { return ColumnStatistics::new_unknown() };
+            let nulls = of(&file.null_counts, *id).map(|n| *n as usize);
             let mut c = ColumnStatistics::new_unknown()
                 .with_null_count(nulls.map(Precision::Exact).unwrap_or(Precision::Absent));
             if nulls == Some(rows) {
                 return c; // every value is NULL: no bounds
             }
-            let bound =
-                |d: Option<&Datum>| d.and_then(|d| scalar(d, field.data_type())).unwrap_or(Precision::Absent);
-            c.min_value = bound(file.lower_bounds().get(id));
-            c.max_value = bound(file.upper_bounds().get(id));
+            // A bound that does not decode as the column's type is not used.
+            let bound = |bounds: &[(i32, Vec<u8>)]| {
+                of(bounds, *id)
+                    .and_then(|b| Datum::try_from_bytes(b, ty.clone()).ok())
+                    .and_then(|d| scalar(&d, field.data_type()))
+                    .unwrap_or(Precision::Absent)
+            };
+            c.min_value = bound(&file.lower_bounds);
+            c.max_value = bound(&file.upper_bounds);
             if c.min_value.is_exact().is_none() || c.max_value.is_exact().is_none() {
                 c.min_value = Precision::Absent;
                 c.max_value = Precision::Absent;
@@ -140,6 +146,11 @@ fn file_statistics(file: &DataFile, schema: &SchemaRef, ids: &[Option<i32>]) -> 
         total_byte_size: Precision::Absent,
         column_statistics: columns,
     }
+}
+
+/// The value for a field id in a list sorted by field id.
+fn of<V>(by_id: &[(i32, V)], id: i32) -> Option<&V> {
+    by_id.binary_search_by_key(&id, |(k, _)| *k).ok().map(|i| &by_id[i].1)
 }
 
 /// An Iceberg bound as a DataFusion value of the column's Arrow type, exact where Iceberg

@@ -7,6 +7,7 @@
 pub mod cache;
 pub mod data_cache;
 mod file_stats;
+mod manifest;
 mod row_filter;
 pub mod scan;
 mod table;
