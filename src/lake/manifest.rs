@@ -35,6 +35,10 @@ pub struct FileEntry {
 pub fn live_files(avro: &[u8]) -> iceberg::Result<Vec<FileEntry>> {
     match read(avro) {
         Ok(files) => Ok(files),
+        // iceberg-rust would expand it as well, without a bound.
+        Err(Unexpected(why)) if why == TOO_LARGE => {
+            Err(iceberg::Error::new(iceberg::ErrorKind::DataInvalid, why))
+        }
         Err(Unexpected(why)) => {
             tracing::debug!(why, "manifest read by iceberg-rust");
             Ok(from_iceberg(&Manifest::parse_avro(avro)?))
@@ -109,7 +113,7 @@ fn read(avro: &[u8]) -> R<Vec<FileEntry>> {
         return unexpected("no schema");
     };
     let json: Value = serde_json::from_slice(schema).or_else(|e| unexpected(format!("schema: {e}")))?;
-    let Schema::Record(fields) = parse(&json, &mut HashMap::new())? else {
+    let Schema::Record(fields) = parse(&json, &mut Parsed::default())? else {
         return unexpected("entries are not records");
     };
     let mut files = Vec::new();
@@ -161,13 +165,44 @@ enum Schema {
     Record(Vec<(String, Schema)>),
 }
 
+/// Schema nodes allowed, each reference to a named type counting that type's nodes again.
+/// A manifest's schema has about a hundred. The bound keeps a schema whose references nest
+/// (each level doubling the tree) from taking the memory and time it would: such a file is
+/// refused as undecodable.
+const MAX_NODES: usize = 10_000;
+const TOO_LARGE: &str = "the manifest's Avro schema is too large";
+
+/// What parsing has seen: the named types, with their node counts, and the nodes so far.
+#[derive(Default)]
+struct Parsed {
+    names: HashMap<String, (Schema, usize)>,
+    nodes: usize,
+}
+
+impl Parsed {
+    fn count(&mut self, nodes: usize) -> R<()> {
+        self.nodes += nodes;
+        if self.nodes > MAX_NODES {
+            return unexpected(TOO_LARGE);
+        }
+        Ok(())
+    }
+}
+
 /// Parses a schema, remembering named types so later references to them resolve.
-fn parse(v: &Value, names: &mut HashMap<String, Schema>) -> R<Schema> {
+fn parse(v: &Value, names: &mut Parsed) -> R<Schema> {
+    let first = names.nodes;
+    names.count(1)?;
     let o = match v {
         Value::String(name) => {
-            return primitive(name)
-                .or_else(|| names.get(name).cloned())
-                .map_or_else(|| unexpected(format!("type {name}")), Ok);
+            if let Some(p) = primitive(name) {
+                return Ok(p);
+            }
+            let Some((schema, nodes)) = names.names.get(name).cloned() else {
+                return unexpected(format!("type {name}"));
+            };
+            names.count(nodes)?;
+            return Ok(schema);
         }
         Value::Array(branches) => {
             return Ok(Schema::Union(branches.iter().map(|b| parse(b, names)).collect::<R<_>>()?));
@@ -204,10 +239,11 @@ fn parse(v: &Value, names: &mut HashMap<String, Schema>) -> R<Schema> {
         None => return unexpected("schema object without a type"),
     };
     if let Some(name) = o.get("name").and_then(Value::as_str) {
+        let named = (schema.clone(), names.nodes - first);
         if let Some(ns) = o.get("namespace").and_then(Value::as_str) {
-            names.insert(format!("{ns}.{name}"), schema.clone());
+            names.names.insert(format!("{ns}.{name}"), named.clone());
         }
-        names.insert(name.to_string(), schema.clone());
+        names.names.insert(name.to_string(), named);
     }
     Ok(schema)
 }
@@ -455,6 +491,8 @@ mod tests {
         PrimitiveType, Schema as IcebergSchema, Struct, Transform, Type,
     };
 
+    use serde_json::json;
+
     use super::*;
 
     /// Manifests PyIceberg wrote (deflate) for one copy-on-write delete: its new files, the
@@ -566,6 +604,15 @@ mod tests {
 
     /// The same container with its blocks compressed by `codec` (the original's are not).
     fn recoded(avro: &[u8], codec: &str) -> Vec<u8> {
+        rewritten(avro, Some(codec), None)
+    }
+
+    /// The same container with another schema (its blocks unread).
+    fn with_schema(avro: &[u8], schema: &[u8]) -> Vec<u8> {
+        rewritten(avro, None, Some(schema))
+    }
+
+    fn rewritten(avro: &[u8], codec: Option<&str>, schema: Option<&[u8]>) -> Vec<u8> {
         let mut r = Reader(avro);
         r.take(4).unwrap();
         let mut meta = vec![];
@@ -575,8 +622,12 @@ mod tests {
             Ok(())
         })
         .unwrap();
-        meta.retain(|(k, _)| k != b"avro.codec");
-        meta.push((b"avro.codec".to_vec(), codec.as_bytes().to_vec()));
+        for (key, value) in [("avro.codec", codec.map(str::as_bytes)), ("avro.schema", schema)] {
+            if let Some(v) = value {
+                meta.retain(|(k, _)| k != key.as_bytes());
+                meta.push((key.as_bytes().to_vec(), v.to_vec()));
+            }
+        }
         let sync = r.take(16).unwrap();
         let mut out = b"Obj\x01".to_vec();
         zigzag(&mut out, meta.len() as i64);
@@ -593,7 +644,9 @@ mod tests {
             let size = r.len().unwrap();
             let mut block = r.take(size).unwrap().to_vec();
             assert_eq!(r.take(16).unwrap(), sync);
-            Codec::from_str(codec).unwrap().compress(&mut block).unwrap();
+            if let Some(codec) = codec {
+                Codec::from_str(codec).unwrap().compress(&mut block).unwrap();
+            }
             zigzag(&mut out, count);
             zigzag(&mut out, block.len() as i64);
             out.extend(block);
@@ -641,6 +694,31 @@ mod tests {
                 let _ = read(&damaged);
             }
         }
+    }
+
+    #[test]
+    fn schemas_whose_references_multiply_are_refused() {
+        // r1 holds two r0s, r2 two r1s, …: 2^40 records once references are expanded.
+        let mut types =
+            vec![json!({"type": "record", "name": "r0", "fields": [{"name": "x", "type": "null"}]})];
+        for i in 1..=40 {
+            let prev = format!("r{}", i - 1);
+            types.push(json!({"type": "record", "name": format!("r{i}"),
+                "fields": [{"name": "a", "type": prev}, {"name": "b", "type": prev}]}));
+        }
+        let fields: Vec<_> =
+            types.into_iter().enumerate().map(|(i, t)| json!({"name": format!("f{i}"), "type": t})).collect();
+        let schema = json!({"type": "record", "name": "manifest_entry", "fields": fields});
+        assert!(parse(&schema, &mut Parsed::default()).is_err());
+        let (_, avro, _) = PYICEBERG[0];
+        let json = serde_json::to_vec(&schema).unwrap();
+        let err = live_files(&with_schema(avro, &json)).unwrap_err();
+        assert!(err.to_string().contains(TOO_LARGE), "{err}");
+        // Nine levels are 2^10 - 1 records: allowed.
+        let nine = json!({"type": "record", "name": "manifest_entry", "fields": schema["fields"].as_array().unwrap()[..10]});
+        let mut parsed = Parsed::default();
+        assert!(parse(&nine, &mut parsed).is_ok());
+        assert!(parsed.nodes > 2 << 10, "{}", parsed.nodes);
     }
 
     #[test]
