@@ -285,6 +285,30 @@ fn after_a_commit_only_the_new_manifests_are_read() {
     assert_eq!(proxy.hits(), [2], "nothing read twice");
 }
 
+/// A burst of queries on a cold server shares each metadata read: four at once read every
+/// manifest list and manifest from the store once, as one query alone does.
+#[test]
+fn concurrent_cold_queries_read_each_manifest_once() {
+    let lake = s3_lake();
+    let proxy = Proxy::start(&lake.s3.url());
+    // Slow enough that the four queries' reads overlap; the rule counts the reads.
+    let slow = json!({"action": "delay", "delay_ms": 300, "match": "regex:\\.avro$", "method": "GET"});
+    proxy.fault(slow.clone());
+    let expected = serve_sql_on_s3(&lake, &proxy.url(), &[]).rows(SQL);
+    let alone = proxy.hits()[0];
+    assert!(alone >= 2, "a manifest list and its manifests: {alone}");
+
+    proxy.clear();
+    proxy.fault(slow);
+    let s = serve_sql_on_s3(&lake, &proxy.url(), &[]);
+    let answers: Vec<_> = std::thread::scope(|scope| {
+        let queries: Vec<_> = (0..4).map(|_| scope.spawn(|| s.rows(SQL))).collect();
+        queries.into_iter().map(|q| q.join().unwrap()).collect()
+    });
+    assert!(answers.iter().all(|a| *a == expected), "{answers:?}");
+    assert_eq!(proxy.hits()[0], alone, "four cold queries read each metadata file once");
+}
+
 #[test]
 fn a_slow_or_gone_object_store_is_a_timeout_or_503_then_recovers() {
     let lake = s3_lake();

@@ -5,12 +5,14 @@
 //! Every cache is bounded, and counts its hits and misses in `/metrics`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use iceberg::spec::{ManifestFile, ManifestList};
 use iceberg::table::Table;
 use parquet::file::metadata::ParquetMetaData;
+use tokio::sync::OnceCell;
 
 use super::data_cache::DataCache;
 use super::file_stats::SnapshotFiles;
@@ -41,8 +43,10 @@ pub struct Caches {
     /// own manifest cache, which lives inside it.
     tables: Mutex<HashMap<String, LoadedTable>>,
     manifest_lists: moka::future::Cache<String, Arc<ManifestList>>,
+    list_loads: InFlight<Arc<ManifestList>>,
     /// Manifest path → the live data files it lists.
     manifests: moka::future::Cache<String, Arc<[FileEntry]>>,
+    manifest_loads: InFlight<Arc<[FileEntry]>>,
     snapshots: moka::future::Cache<(String, i32), Arc<SnapshotFiles>>,
     footers: moka::future::Cache<String, Arc<ParquetMetaData>>,
     /// (file, filter, columns) → what a sample of the file says about the filter.
@@ -62,7 +66,9 @@ impl Caches {
         Self {
             tables: Mutex::default(),
             manifest_lists: moka::future::Cache::new(MANIFESTS),
+            list_loads: InFlight::default(),
             manifests: moka::future::Cache::new(MANIFESTS),
+            manifest_loads: InFlight::default(),
             snapshots: moka::future::Cache::new(SNAPSHOTS),
             footers: moka::future::Cache::builder()
                 .weigher(|_, m: &Arc<ParquetMetaData>| m.memory_size().min(u32::MAX as usize) as u32)
@@ -101,36 +107,28 @@ impl Caches {
         table: &Table,
         snapshot: &iceberg::spec::SnapshotRef,
     ) -> iceberg::Result<Arc<ManifestList>> {
-        let key = snapshot.manifest_list().to_string();
-        if let Some(m) = self.manifest_lists.get(&key).await {
-            metrics::cache_hit("manifest_list");
-            return Ok(m);
-        }
-        metrics::cache_miss("manifest_list");
-        let m = Arc::new(table.manifest_list_reader(snapshot).load().await.map_err(|e| named(e, &key))?);
-        self.manifest_lists.insert(key, m.clone()).await;
-        Ok(m)
+        let key = snapshot.manifest_list();
+        let load = async { Ok(Arc::new(table.manifest_list_reader(snapshot).load().await?)) };
+        get_or_load(&self.manifest_lists, &self.list_loads, "manifest_list", key, load)
+            .await
+            .map_err(|e| named(e, key))
     }
 
     /// The live data files a manifest lists. Encrypted manifests are read by iceberg-rust,
     /// which decrypts them; the rest are decoded by `manifest`.
     pub async fn manifest(&self, table: &Table, file: &ManifestFile) -> iceberg::Result<Arc<[FileEntry]>> {
-        if let Some(m) = self.manifests.get(&file.manifest_path).await {
-            metrics::cache_hit("manifest");
-            return Ok(m);
-        }
-        metrics::cache_miss("manifest");
         let path = &file.manifest_path;
-        let files = if file.key_metadata.is_some() {
-            manifest::from_iceberg(&file.load_manifest(table.file_io()).await.map_err(|e| named(e, path))?)
-        } else {
-            let read = async { table.file_io().new_input(path)?.read().await };
-            let avro = read.await.map_err(|e| named(e, path))?;
-            manifest::live_files(&avro).map_err(|e| named(e, path))?
+        let load = async {
+            let files = if file.key_metadata.is_some() {
+                manifest::from_iceberg(&file.load_manifest(table.file_io()).await?)
+            } else {
+                manifest::live_files(&table.file_io().new_input(path)?.read().await?)?
+            };
+            Ok(files.into())
         };
-        let files: Arc<[FileEntry]> = files.into();
-        self.manifests.insert(path.clone(), files.clone()).await;
-        Ok(files)
+        get_or_load(&self.manifests, &self.manifest_loads, "manifest", path, load)
+            .await
+            .map_err(|e| named(e, path))
     }
 
     pub async fn snapshot_files(&self, key: &(String, i32)) -> Option<Arc<SnapshotFiles>> {
@@ -173,6 +171,73 @@ impl Caches {
 
     pub async fn put_selectivity(&self, key: String, sample: Sample) {
         self.selectivities.insert(key, sample).await;
+    }
+}
+
+/// The cached value for `key`, or else the value `load` gives, cached. Concurrent callers for
+/// the same key share one load: a burst of cold queries reads each file from the store once.
+async fn get_or_load<V: Clone + Send + Sync + 'static>(
+    cache: &moka::future::Cache<String, V>,
+    in_flight: &InFlight<V>,
+    name: &'static str,
+    key: &str,
+    load: impl Future<Output = iceberg::Result<V>>,
+) -> iceberg::Result<V> {
+    if let Some(v) = cache.get(key).await {
+        metrics::cache_hit(name);
+        return Ok(v);
+    }
+    let loaded = AtomicBool::new(false);
+    let v = in_flight
+        .run(key, async {
+            // Loaded by someone else between the look-up above and joining the flight.
+            if let Some(v) = cache.get(key).await {
+                return Ok(v);
+            }
+            loaded.store(true, Ordering::Relaxed);
+            metrics::cache_miss(name);
+            let v = load.await?;
+            cache.insert(key.to_string(), v.clone()).await;
+            Ok::<_, iceberg::Error>(v)
+        })
+        .await?;
+    if !loaded.load(Ordering::Relaxed) {
+        metrics::cache_hit(name);
+    }
+    Ok(v)
+}
+
+/// Loads in flight, by key. A load that fails, or whose caller goes away, is not shared: the
+/// next caller waiting runs its own.
+struct InFlight<V>(Mutex<HashMap<String, Arc<OnceCell<V>>>>);
+
+impl<V> Default for InFlight<V> {
+    fn default() -> Self {
+        Self(Mutex::default())
+    }
+}
+
+impl<V: Clone> InFlight<V> {
+    async fn run<E>(&self, key: &str, load: impl Future<Output = Result<V, E>>) -> Result<V, E> {
+        let cell = self.0.lock().expect("in flight").entry(key.to_string()).or_default().clone();
+        let _leave = Leave { in_flight: self, key, cell: cell.clone() };
+        cell.get_or_try_init(|| load).await.cloned()
+    }
+}
+
+/// Takes a finished (or abandoned) flight off the map, unless a newer one replaced it.
+struct Leave<'a, V> {
+    in_flight: &'a InFlight<V>,
+    key: &'a str,
+    cell: Arc<OnceCell<V>>,
+}
+
+impl<V> Drop for Leave<'_, V> {
+    fn drop(&mut self) {
+        let mut map = self.in_flight.0.lock().expect("in flight");
+        if map.get(self.key).is_some_and(|c| Arc::ptr_eq(c, &self.cell)) {
+            map.remove(self.key);
+        }
     }
 }
 
