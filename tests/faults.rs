@@ -286,27 +286,45 @@ fn after_a_commit_only_the_new_manifests_are_read() {
 }
 
 /// A burst of queries on a cold server shares each metadata read: four at once read every
-/// manifest list and manifest from the store once, as one query alone does.
+/// manifest list and manifest from the store once, and load every Parquet footer once, as one
+/// query alone does.
 #[test]
-fn concurrent_cold_queries_read_each_manifest_once() {
+fn concurrent_cold_queries_read_each_manifest_and_footer_once() {
     let lake = s3_lake();
     let proxy = Proxy::start(&lake.s3.url());
-    // Slow enough that the four queries' reads overlap; the rule counts the reads.
-    let slow = json!({"action": "delay", "delay_ms": 300, "match": "regex:\\.avro$", "method": "GET"});
-    proxy.fault(slow.clone());
-    let expected = serve_sql_on_s3(&lake, &proxy.url(), &[]).rows(SQL);
-    let alone = proxy.hits()[0];
-    assert!(alone >= 2, "a manifest list and its manifests: {alone}");
+    // Slow enough that the four queries' reads overlap; the first rule counts metadata reads.
+    let slow = || {
+        proxy.clear();
+        proxy.control(json!({"faults": [
+            {"action": "delay", "delay_ms": 300, "match": "regex:\\.avro$", "method": "GET"},
+            {"action": "delay", "delay_ms": 100, "match": "data"},
+        ]}));
+    };
+    let footers = |s: &Server| {
+        let r = client().get(format!("{}/metrics", s.base)).bearer_auth(TOKEN).send().unwrap();
+        let text = r.text().unwrap();
+        let line = "skiff_cache_misses_total{cache=\"parquet_footer\"} ";
+        let n =
+            text.lines().find_map(|l| l.strip_prefix(line)).unwrap_or_else(|| panic!("{line} in:\n{text}"));
+        n.parse::<f64>().unwrap()
+    };
+    slow();
+    let s = serve_sql_on_s3(&lake, &proxy.url(), &[]);
+    let expected = s.rows(SQL);
+    let (metadata, files) = (proxy.hits()[0], footers(&s));
+    assert!(metadata >= 2, "a manifest list and its manifests: {metadata}");
+    assert!(files >= 2.0, "the table's data files: {files}");
+    drop(s);
 
-    proxy.clear();
-    proxy.fault(slow);
+    slow();
     let s = serve_sql_on_s3(&lake, &proxy.url(), &[]);
     let answers: Vec<_> = std::thread::scope(|scope| {
         let queries: Vec<_> = (0..4).map(|_| scope.spawn(|| s.rows(SQL))).collect();
         queries.into_iter().map(|q| q.join().unwrap()).collect()
     });
     assert!(answers.iter().all(|a| *a == expected), "{answers:?}");
-    assert_eq!(proxy.hits()[0], alone, "four cold queries read each metadata file once");
+    assert_eq!(proxy.hits()[0], metadata, "four cold queries read each metadata file once");
+    assert_eq!(footers(&s), files, "four cold queries load each footer once");
 }
 
 #[test]

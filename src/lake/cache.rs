@@ -49,6 +49,7 @@ pub struct Caches {
     manifest_loads: InFlight<Arc<[FileEntry]>>,
     snapshots: moka::future::Cache<(String, i32), Arc<SnapshotFiles>>,
     footers: moka::future::Cache<String, Arc<ParquetMetaData>>,
+    footer_loads: InFlight<Arc<ParquetMetaData>>,
     /// (file, filter, columns) → what a sample of the file says about the filter.
     selectivities: moka::future::Cache<String, Sample>,
     /// Data-file bytes from remote stores, when configured.
@@ -74,6 +75,7 @@ impl Caches {
                 .weigher(|_, m: &Arc<ParquetMetaData>| m.memory_size().min(u32::MAX as usize) as u32)
                 .max_capacity(FOOTER_BYTES)
                 .build(),
+            footer_loads: InFlight::default(),
             selectivities: moka::future::Cache::new(SELECTIVITIES),
             data,
         }
@@ -145,18 +147,13 @@ impl Caches {
         self.snapshots.insert(key, files).await;
     }
 
-    pub async fn footer(&self, location: &str) -> Option<Arc<ParquetMetaData>> {
-        let hit = self.footers.get(location).await;
-        if hit.is_some() {
-            metrics::cache_hit("parquet_footer")
-        } else {
-            metrics::cache_miss("parquet_footer")
-        }
-        hit
-    }
-
-    pub async fn put_footer(&self, location: String, metadata: Arc<ParquetMetaData>) {
-        self.footers.insert(location, metadata).await;
+    /// A data file's Parquet footer, loaded by `load` unless cached or already being loaded.
+    pub async fn footer<E>(
+        &self,
+        location: &str,
+        load: impl Future<Output = Result<Arc<ParquetMetaData>, E>>,
+    ) -> Result<Arc<ParquetMetaData>, E> {
+        get_or_load(&self.footers, &self.footer_loads, "parquet_footer", location, load).await
     }
 
     pub async fn selectivity(&self, key: &str) -> Option<Sample> {
@@ -176,13 +173,13 @@ impl Caches {
 
 /// The cached value for `key`, or else the value `load` gives, cached. Concurrent callers for
 /// the same key share one load: a burst of cold queries reads each file from the store once.
-async fn get_or_load<V: Clone + Send + Sync + 'static>(
+async fn get_or_load<V: Clone + Send + Sync + 'static, E>(
     cache: &moka::future::Cache<String, V>,
     in_flight: &InFlight<V>,
     name: &'static str,
     key: &str,
-    load: impl Future<Output = iceberg::Result<V>>,
-) -> iceberg::Result<V> {
+    load: impl Future<Output = Result<V, E>>,
+) -> Result<V, E> {
     if let Some(v) = cache.get(key).await {
         metrics::cache_hit(name);
         return Ok(v);
@@ -198,7 +195,7 @@ async fn get_or_load<V: Clone + Send + Sync + 'static>(
             metrics::cache_miss(name);
             let v = load.await?;
             cache.insert(key.to_string(), v.clone()).await;
-            Ok::<_, iceberg::Error>(v)
+            Ok(v)
         })
         .await?;
     if !loaded.load(Ordering::Relaxed) {

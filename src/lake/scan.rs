@@ -566,14 +566,12 @@ impl AsyncFileReader for CountingReader {
     ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
         async move {
             // A data file never changes at its path, so neither does its footer.
-            if let Some(m) = self.caches.footer(&self.location).await {
-                return Ok(m);
-            }
-            self.count(1, 0);
-            let location = self.location.clone();
-            let m = self.reader().await?.get_metadata(options).await.map_err(|e| in_file(e, &location))?;
-            self.caches.put_footer(location, m.clone()).await;
-            Ok(m)
+            let (caches, location) = (self.caches.clone(), self.location.clone());
+            let load = async {
+                self.count(1, 0);
+                self.reader().await?.get_metadata(options).await.map_err(|e| in_file(e, &location))
+            };
+            caches.footer(&location, load).await
         }
         .boxed()
     }
