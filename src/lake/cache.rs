@@ -2,7 +2,8 @@
 //! Parquet footers are immutable per path, so a cached copy can never be stale. Only the
 //! table pointer (the catalog's current metadata location) is re-read for every query.
 //!
-//! Every cache is bounded, and counts its hits and misses in `/metrics`.
+//! Every cache is bounded, and counts its hits and misses in `/metrics`. Queries that need the
+//! same uncached file at the same time share one load of it (`get_or_load`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
