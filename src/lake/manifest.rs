@@ -35,11 +35,8 @@ pub struct FileEntry {
 pub fn live_files(avro: &[u8]) -> iceberg::Result<Vec<FileEntry>> {
     match read(avro) {
         Ok(files) => Ok(files),
-        // iceberg-rust would expand it as well, without a bound.
-        Err(Unexpected(why)) if why == TOO_LARGE => {
-            Err(iceberg::Error::new(iceberg::ErrorKind::DataInvalid, why))
-        }
-        Err(Unexpected(why)) => {
+        Err(Unread::TooLarge) => Err(iceberg::Error::new(iceberg::ErrorKind::DataInvalid, TOO_LARGE)),
+        Err(Unread::Unexpected(why)) => {
             tracing::debug!(why, "manifest read by iceberg-rust");
             Ok(from_iceberg(&Manifest::parse_avro(avro)?))
         }
@@ -76,14 +73,19 @@ pub fn from_iceberg(manifest: &Manifest) -> Vec<FileEntry> {
         .collect()
 }
 
-/// Why a file was left to iceberg-rust.
+/// Why `read` did not read a file.
 #[derive(Debug)]
-struct Unexpected(String);
+enum Unread {
+    /// Not what this reader expects: iceberg-rust reads it.
+    Unexpected(String),
+    /// A schema past `MAX_NODES`: refused, since iceberg-rust would expand it without a bound.
+    TooLarge,
+}
 
-type R<T> = Result<T, Unexpected>;
+type R<T> = Result<T, Unread>;
 
 fn unexpected<T>(why: impl Into<String>) -> R<T> {
-    Err(Unexpected(why.into()))
+    Err(Unread::Unexpected(why.into()))
 }
 
 /// An Avro object container: magic, metadata, sync marker, then blocks of entries.
@@ -183,29 +185,29 @@ impl Parsed {
     fn count(&mut self, nodes: usize) -> R<()> {
         self.nodes += nodes;
         if self.nodes > MAX_NODES {
-            return unexpected(TOO_LARGE);
+            return Err(Unread::TooLarge);
         }
         Ok(())
     }
 }
 
 /// Parses a schema, remembering named types so later references to them resolve.
-fn parse(v: &Value, names: &mut Parsed) -> R<Schema> {
-    let first = names.nodes;
-    names.count(1)?;
+fn parse(v: &Value, seen: &mut Parsed) -> R<Schema> {
+    let first = seen.nodes;
+    seen.count(1)?;
     let o = match v {
         Value::String(name) => {
             if let Some(p) = primitive(name) {
                 return Ok(p);
             }
-            let Some((schema, nodes)) = names.names.get(name).cloned() else {
+            let Some((schema, nodes)) = seen.names.get(name).cloned() else {
                 return unexpected(format!("type {name}"));
             };
-            names.count(nodes)?;
+            seen.count(nodes)?;
             return Ok(schema);
         }
         Value::Array(branches) => {
-            return Ok(Schema::Union(branches.iter().map(|b| parse(b, names)).collect::<R<_>>()?));
+            return Ok(Schema::Union(branches.iter().map(|b| parse(b, seen)).collect::<R<_>>()?));
         }
         Value::Object(o) => o,
         _ => return unexpected("schema is not a name, union or object"),
@@ -218,7 +220,7 @@ fn parse(v: &Value, names: &mut Parsed) -> R<Schema> {
             let fields = fields
                 .iter()
                 .map(|f| match (f.get("name").and_then(Value::as_str), f.get("type")) {
-                    (Some(n), Some(t)) => Ok((n.to_string(), parse(t, names)?)),
+                    (Some(n), Some(t)) => Ok((n.to_string(), parse(t, seen)?)),
                     _ => unexpected("record field without a name or type"),
                 })
                 .collect::<R<_>>()?;
@@ -226,24 +228,24 @@ fn parse(v: &Value, names: &mut Parsed) -> R<Schema> {
         }
         Some(Value::String(t)) if t == "enum" => Schema::Long,
         Some(Value::String(t)) if t == "array" => {
-            Schema::Array(Box::new(parse(o.get("items").unwrap_or(&Value::Null), names)?))
+            Schema::Array(Box::new(parse(o.get("items").unwrap_or(&Value::Null), seen)?))
         }
         Some(Value::String(t)) if t == "map" => {
-            Schema::Map(Box::new(parse(o.get("values").unwrap_or(&Value::Null), names)?))
+            Schema::Map(Box::new(parse(o.get("values").unwrap_or(&Value::Null), seen)?))
         }
         Some(Value::String(t)) if t == "fixed" => match o.get("size").and_then(Value::as_u64) {
             Some(n) => Schema::Fixed(n as usize),
             None => return unexpected("fixed without a size"),
         },
-        Some(t) => parse(t, names)?,
+        Some(t) => parse(t, seen)?,
         None => return unexpected("schema object without a type"),
     };
     if let Some(name) = o.get("name").and_then(Value::as_str) {
-        let named = (schema.clone(), names.nodes - first);
+        let named = (schema.clone(), seen.nodes - first);
         if let Some(ns) = o.get("namespace").and_then(Value::as_str) {
-            names.names.insert(format!("{ns}.{name}"), named.clone());
+            seen.names.insert(format!("{ns}.{name}"), named.clone());
         }
-        names.names.insert(name.to_string(), named);
+        seen.names.insert(name.to_string(), named);
     }
     Ok(schema)
 }
