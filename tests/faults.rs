@@ -289,7 +289,7 @@ fn after_a_commit_only_the_new_manifests_are_read() {
 /// manifest list and manifest from the store once, and load every Parquet footer once, as one
 /// query alone does.
 #[test]
-fn concurrent_cold_queries_read_each_manifest_and_footer_once() {
+fn concurrent_cold_queries_read_each_manifest_and_footer_once_and_build_snapshot_statistics_once() {
     let lake = s3_lake();
     let proxy = Proxy::start(&lake.s3.url());
     // Slow enough that the four queries' reads overlap; the first rule counts metadata reads.
@@ -300,20 +300,24 @@ fn concurrent_cold_queries_read_each_manifest_and_footer_once() {
             {"action": "delay", "delay_ms": 100, "match": "data"},
         ]}));
     };
-    let footers = |s: &Server| {
+    let misses = |s: &Server, cache: &str| {
         let r = client().get(format!("{}/metrics", s.base)).bearer_auth(TOKEN).send().unwrap();
         let text = r.text().unwrap();
-        let line = "skiff_cache_misses_total{cache=\"parquet_footer\"} ";
-        let n =
-            text.lines().find_map(|l| l.strip_prefix(line)).unwrap_or_else(|| panic!("{line} in:\n{text}"));
+        let line = format!("skiff_cache_misses_total{{cache=\"{cache}\"}} ");
+        let n = text
+            .lines()
+            .find_map(|l| l.strip_prefix(line.as_str()))
+            .unwrap_or_else(|| panic!("{line} in:\n{text}"));
         n.parse::<f64>().unwrap()
     };
     slow();
     let s = serve_sql_on_s3(&lake, &proxy.url(), &[]);
     let expected = s.rows(SQL);
-    let (metadata, files) = (proxy.hits()[0], footers(&s));
+    let (metadata, files) = (proxy.hits()[0], misses(&s, "parquet_footer"));
+    let snapshots = misses(&s, "snapshot_files");
     assert!(metadata >= 2, "a manifest list and its manifests: {metadata}");
     assert!(files >= 2.0, "the table's data files: {files}");
+    assert!(snapshots >= 1.0, "the table's snapshot: {snapshots}");
     drop(s);
 
     slow();
@@ -324,7 +328,12 @@ fn concurrent_cold_queries_read_each_manifest_and_footer_once() {
     });
     assert!(answers.iter().all(|a| *a == expected), "{answers:?}");
     assert_eq!(proxy.hits()[0], metadata, "four cold queries read each metadata file once");
-    assert_eq!(footers(&s), files, "four cold queries load each footer once");
+    assert_eq!(misses(&s, "parquet_footer"), files, "four cold queries load each footer once");
+    assert_eq!(
+        misses(&s, "snapshot_files"),
+        snapshots,
+        "four cold queries build the snapshot's statistics once"
+    );
 }
 
 #[test]

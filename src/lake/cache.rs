@@ -3,9 +3,12 @@
 //! table pointer (the catalog's current metadata location) is re-read for every query.
 //!
 //! Every cache is bounded, and counts its hits and misses in `/metrics`. Queries that need the
-//! same uncached file at the same time share one load of it (`get_or_load`).
+//! same uncached file (or a snapshot's statistics) at the same time share one load of it
+//! (`get_or_load`).
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -44,13 +47,14 @@ pub struct Caches {
     /// own manifest cache, which lives inside it.
     tables: Mutex<HashMap<String, LoadedTable>>,
     manifest_lists: moka::future::Cache<String, Arc<ManifestList>>,
-    list_loads: InFlight<Arc<ManifestList>>,
+    list_loads: InFlight<String, Arc<ManifestList>>,
     /// Manifest path → the live data files it lists.
     manifests: moka::future::Cache<String, Arc<[FileEntry]>>,
-    manifest_loads: InFlight<Arc<[FileEntry]>>,
+    manifest_loads: InFlight<String, Arc<[FileEntry]>>,
     snapshots: moka::future::Cache<(String, i32), Arc<SnapshotFiles>>,
+    snapshot_loads: InFlight<(String, i32), Arc<SnapshotFiles>>,
     footers: moka::future::Cache<String, Arc<ParquetMetaData>>,
-    footer_loads: InFlight<Arc<ParquetMetaData>>,
+    footer_loads: InFlight<String, Arc<ParquetMetaData>>,
     /// (file, filter, columns) → what a sample of the file says about the filter.
     selectivities: moka::future::Cache<String, Sample>,
     /// Data-file bytes from remote stores, when configured.
@@ -72,6 +76,7 @@ impl Caches {
             manifests: moka::future::Cache::new(MANIFESTS),
             manifest_loads: InFlight::default(),
             snapshots: moka::future::Cache::new(SNAPSHOTS),
+            snapshot_loads: InFlight::default(),
             footers: moka::future::Cache::builder()
                 .weigher(|_, m: &Arc<ParquetMetaData>| m.memory_size().min(u32::MAX as usize) as u32)
                 .max_capacity(FOOTER_BYTES)
@@ -134,18 +139,14 @@ impl Caches {
             .map_err(|e| named(e, path))
     }
 
-    pub async fn snapshot_files(&self, key: &(String, i32)) -> Option<Arc<SnapshotFiles>> {
-        let hit = self.snapshots.get(key).await;
-        if hit.is_some() {
-            metrics::cache_hit("snapshot_files")
-        } else {
-            metrics::cache_miss("snapshot_files")
-        }
-        hit
-    }
-
-    pub async fn put_snapshot_files(&self, key: (String, i32), files: Arc<SnapshotFiles>) {
-        self.snapshots.insert(key, files).await;
+    /// A snapshot's files and statistics (by manifest list and schema id), built by `load`
+    /// unless cached or already being built.
+    pub async fn snapshot_files<E>(
+        &self,
+        key: &(String, i32),
+        load: impl Future<Output = Result<Arc<SnapshotFiles>, E>>,
+    ) -> Result<Arc<SnapshotFiles>, E> {
+        get_or_load(&self.snapshots, &self.snapshot_loads, "snapshot_files", key, load).await
     }
 
     /// A data file's Parquet footer, loaded by `load` unless cached or already being loaded.
@@ -173,14 +174,20 @@ impl Caches {
 }
 
 /// The cached value for `key`, or else the value `load` gives, cached. Concurrent callers for
-/// the same key share one load: a burst of cold queries reads each file from the store once.
-async fn get_or_load<V: Clone + Send + Sync + 'static, E>(
-    cache: &moka::future::Cache<String, V>,
-    in_flight: &InFlight<V>,
+/// the same key share one load: a burst of cold queries reads each file from the store once,
+/// and builds each snapshot's statistics once.
+async fn get_or_load<K, Q, V, E>(
+    cache: &moka::future::Cache<K, V>,
+    in_flight: &InFlight<K, V>,
     name: &'static str,
-    key: &str,
+    key: &Q,
     load: impl Future<Output = Result<V, E>>,
-) -> Result<V, E> {
+) -> Result<V, E>
+where
+    K: Borrow<Q> + Hash + Eq + Send + Sync + 'static,
+    Q: ToOwned<Owned = K> + Hash + Eq + ?Sized,
+    V: Clone + Send + Sync + 'static,
+{
     if let Some(v) = cache.get(key).await {
         metrics::cache_hit(name);
         return Ok(v);
@@ -195,7 +202,7 @@ async fn get_or_load<V: Clone + Send + Sync + 'static, E>(
             loaded.store(true, Ordering::Relaxed);
             metrics::cache_miss(name);
             let v = load.await?;
-            cache.insert(key.to_string(), v.clone()).await;
+            cache.insert(key.to_owned(), v.clone()).await;
             Ok(v)
         })
         .await?;
@@ -207,30 +214,34 @@ async fn get_or_load<V: Clone + Send + Sync + 'static, E>(
 
 /// Loads in flight, by key. A load that fails, or whose caller goes away, is not shared: the
 /// next caller waiting runs its own.
-struct InFlight<V>(Mutex<HashMap<String, Arc<OnceCell<V>>>>);
+struct InFlight<K, V>(Mutex<HashMap<K, Arc<OnceCell<V>>>>);
 
-impl<V> Default for InFlight<V> {
+impl<K, V> Default for InFlight<K, V> {
     fn default() -> Self {
         Self(Mutex::default())
     }
 }
 
-impl<V: Clone> InFlight<V> {
-    async fn run<E>(&self, key: &str, load: impl Future<Output = Result<V, E>>) -> Result<V, E> {
-        let cell = self.0.lock().expect("in flight").entry(key.to_string()).or_default().clone();
+impl<K: Hash + Eq, V: Clone> InFlight<K, V> {
+    async fn run<Q, E>(&self, key: &Q, load: impl Future<Output = Result<V, E>>) -> Result<V, E>
+    where
+        K: Borrow<Q>,
+        Q: ToOwned<Owned = K> + Hash + Eq + ?Sized,
+    {
+        let cell = self.0.lock().expect("in flight").entry(key.to_owned()).or_default().clone();
         let _leave = Leave { in_flight: self, key, cell: cell.clone() };
         cell.get_or_try_init(|| load).await.cloned()
     }
 }
 
 /// Takes a finished (or abandoned) flight off the map, unless a newer one replaced it.
-struct Leave<'a, V> {
-    in_flight: &'a InFlight<V>,
-    key: &'a str,
+struct Leave<'a, K: Borrow<Q> + Hash + Eq, Q: Hash + Eq + ?Sized, V> {
+    in_flight: &'a InFlight<K, V>,
+    key: &'a Q,
     cell: Arc<OnceCell<V>>,
 }
 
-impl<V> Drop for Leave<'_, V> {
+impl<K: Borrow<Q> + Hash + Eq, Q: Hash + Eq + ?Sized, V> Drop for Leave<'_, K, Q, V> {
     fn drop(&mut self) {
         let mut map = self.in_flight.0.lock().expect("in flight");
         if map.get(self.key).is_some_and(|c| Arc::ptr_eq(c, &self.cell)) {

@@ -18,7 +18,7 @@ use datafusion::common::{ColumnStatistics, ScalarValue, Statistics};
 use futures::{StreamExt, TryStreamExt};
 use iceberg::ErrorKind;
 use iceberg::spec::{
-    DataFileFormat, Datum, ManifestContentType, ManifestFile, PrimitiveLiteral, PrimitiveType,
+    DataFileFormat, Datum, ManifestContentType, ManifestFile, PrimitiveLiteral, PrimitiveType, SnapshotRef,
 };
 use iceberg::table::Table;
 
@@ -64,9 +64,16 @@ pub async fn snapshot_files(
         return Ok(Arc::default());
     };
     let key = (snapshot.manifest_list().to_string(), metadata.current_schema_id());
-    if let Some(hit) = caches.snapshot_files(&key).await {
-        return Ok(hit);
-    }
+    caches.snapshot_files(&key, read_snapshot_files(table, snapshot, schema, caches)).await
+}
+
+async fn read_snapshot_files(
+    table: &Table,
+    snapshot: &SnapshotRef,
+    schema: &SchemaRef,
+    caches: &Arc<Caches>,
+) -> iceberg::Result<Arc<SnapshotFiles>> {
+    let metadata = table.metadata();
     let list = caches.manifest_list(table, snapshot).await?;
     let has_deletes = list.entries().iter().any(|m| m.content == ManifestContentType::Deletes);
     let wanted: Vec<ManifestFile> =
@@ -106,9 +113,7 @@ pub async fn snapshot_files(
             stats: Arc::new(file_statistics(file, schema, &ids)),
         });
     }
-    let out = Arc::new(out);
-    caches.put_snapshot_files(key, out.clone()).await;
-    Ok(out)
+    Ok(Arc::new(out))
 }
 
 fn file_statistics(file: &FileEntry, schema: &SchemaRef, ids: &[Option<(i32, PrimitiveType)>]) -> Statistics {
