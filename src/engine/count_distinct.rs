@@ -173,8 +173,8 @@ const BUCKETS: usize = 256;
 /// Entries a group buffers before its first de-duplication.
 const MIN_PENDING: usize = 4096;
 
-/// The smallest scratch table kept between buckets.
-const MIN_SCRATCH: usize = 1024;
+/// The fewest slots a bucket is de-duplicated in.
+const MIN_SLOTS: usize = 1024;
 
 /// One group's distinct strings.
 #[derive(Default)]
@@ -208,8 +208,8 @@ struct DistinctStrings {
     groups: Vec<Group>,
     /// Bytes of the strings longer than 12 bytes, each stored once per group.
     arena: Vec<u8>,
-    /// A bucket's values while it is de-duplicated; reused, so sized by the largest bucket.
-    scratch: HashTable<u128>,
+    /// The slots a bucket is de-duplicated in (see [`dedup`]); reused between buckets.
+    slots: Vec<u128>,
     hasher: hashbrown::DefaultHashBuilder,
 }
 
@@ -224,10 +224,41 @@ fn slice(arena: &[u8], view: u128) -> &[u8] {
     &arena[offset..offset + view as u32 as usize]
 }
 
-/// The bucket of a value: from bits hashbrown uses neither to place an entry (the low bits)
-/// nor to tag it (the top 7), so a bucket's values still spread over its table and tags.
+/// The bucket of a value, by the top bits of its hash ([`dedup`] places it by the low ones).
 fn bucket_of(hash: u64) -> usize {
-    (hash >> 49) as usize % BUCKETS
+    (hash >> 56) as usize % BUCKETS
+}
+
+/// Removes repeated values from a bucket, keeping the first of each, through an open-addressing
+/// table of twice the bucket's length in `slots`: one probe per value, in a table that fits in
+/// cache. The hash is seeded per process, so no data can be made to collide on purpose. The
+/// empty string's key is 0, the empty slot, so it is tracked on its own.
+fn dedup(bucket: &mut Vec<u128>, slots: &mut Vec<u128>, hasher: &impl BuildHasher) {
+    let size = (2 * bucket.len()).next_power_of_two().max(MIN_SLOTS);
+    // Sized to this bucket: slots left large by a group's last compaction before its split
+    // would spread each small bucket over far more memory than the cache.
+    if slots.capacity() > 4 * size {
+        *slots = Vec::new();
+    }
+    slots.clear();
+    slots.resize(size, 0);
+    let mut zero = false;
+    bucket.retain(|&v| {
+        if v == 0 {
+            return !std::mem::replace(&mut zero, true);
+        }
+        let mut i = hasher.hash_one(v) as usize & (size - 1);
+        loop {
+            match slots[i] {
+                0 => {
+                    slots[i] = v;
+                    return true;
+                }
+                e if e == v => return false,
+                _ => i = (i + 1) & (size - 1),
+            }
+        }
+    });
 }
 
 impl DistinctStrings {
@@ -243,25 +274,11 @@ impl DistinctStrings {
 
     /// De-duplicates a group's buckets, one at a time, and splits a group grown past one bucket.
     fn compact(&mut self, group: usize) {
-        let Self { groups, scratch, hasher, .. } = self;
+        let Self { groups, slots, hasher, .. } = self;
         let g = &mut groups[group];
         let mut kept = 0;
         for bucket in &mut g.buckets {
-            // Sized to this bucket: a table left large by a group's last compaction before
-            // its split would spread each small bucket over far more memory than the cache.
-            scratch.clear();
-            if scratch.capacity() > 4 * bucket.len().max(MIN_SCRATCH) {
-                *scratch = HashTable::new();
-            }
-            scratch.reserve(bucket.len(), |&e| hasher.hash_one(e));
-            bucket.retain(|&v| {
-                let hash = hasher.hash_one(v);
-                if scratch.find(hash, |&e| e == v).is_some() {
-                    return false;
-                }
-                scratch.insert_unique(hash, v, |&e| hasher.hash_one(e));
-                true
-            });
+            dedup(bucket, slots, hasher);
             kept += bucket.len();
         }
         (g.kept, g.pending) = (kept, 0);
@@ -405,7 +422,7 @@ impl GroupsAccumulator for DistinctStrings {
         groups
             + self.groups.capacity() * std::mem::size_of::<Group>()
             + self.arena.capacity()
-            + self.scratch.capacity() * (std::mem::size_of::<u128>() + 1)
+            + self.slots.capacity() * std::mem::size_of::<u128>()
     }
 }
 
@@ -453,6 +470,21 @@ mod tests {
 
     fn counts(array: ArrayRef) -> Vec<i64> {
         array.as_primitive::<arrow::datatypes::Int64Type>().values().to_vec()
+    }
+
+    /// Keeps the first of each value, the empty string (key 0, the empty slot) included.
+    #[test]
+    fn dedup_keeps_the_first_of_each_value() {
+        // 30k values, 21k of them distinct, none 0.
+        let values: Vec<u128> = (0..30_000u128).map(|i| ((i % 7_000) << 64) | (i % 3 + 1)).collect();
+        let mut bucket: Vec<u128> =
+            values.iter().copied().chain([0, 0]).chain(values.iter().copied()).collect();
+        let mut slots = Vec::new();
+        dedup(&mut bucket, &mut slots, &hashbrown::DefaultHashBuilder::default());
+        let mut seen = std::collections::HashSet::new();
+        let want: Vec<u128> = values.iter().copied().chain([0]).filter(|v| seen.insert(*v)).collect();
+        assert_eq!(bucket, want);
+        assert_eq!(want.len(), 21_001);
     }
 
     #[test]
