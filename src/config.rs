@@ -86,6 +86,11 @@ pub struct ServeConfig {
     #[arg(long, env = "SKIFF_REFRESH_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub refresh_interval: Duration,
 
+    /// Read every table's current manifests at start, in the background, so the first queries
+    /// plan from memory (`false` leaves each table to its first query).
+    #[arg(long, env = "SKIFF_WARM_ON_START", default_value_t = true, action = clap::ArgAction::Set)]
+    pub warm_on_start: bool,
+
     /// S3-compatible endpoint for `s3://` warehouses (R2: `https://<ACCOUNT_ID>.r2.cloudflarestorage.com`).
     #[arg(long, env = "SKIFF_S3_ENDPOINT")]
     pub s3_endpoint: Option<String>,

@@ -94,6 +94,9 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
         }
     };
     lake.spawn_refresh(cfg.refresh_interval);
+    if cfg.warm_on_start {
+        lake.spawn_warm();
+    }
     let limits = engine::Limits {
         max_sql_bytes: cfg.max_sql_bytes,
         query_timeout: cfg.query_timeout,

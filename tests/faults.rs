@@ -285,6 +285,35 @@ fn after_a_commit_only_the_new_manifests_are_read() {
     assert_eq!(proxy.hits(), [2], "nothing read twice");
 }
 
+/// With `--warm-on-start`, the manifest lists and manifests a table's first query would read
+/// are read at start, in the background: once that is done, the first query reads none.
+#[test]
+fn manifests_read_at_start_spare_the_first_query() {
+    let lake = s3_lake();
+    let proxy = Proxy::start(&lake.s3.url());
+    // A rule that changes nothing, to count the manifest lists and manifests read.
+    let count_manifest_reads =
+        || proxy.fault(json!({"action": "delay", "delay_ms": 0, "match": "regex:\\.avro$", "method": "GET"}));
+
+    count_manifest_reads();
+    let s = serve_sql_on_s3(&lake, &proxy.url(), &["--warm-on-start", "false"]);
+    let expected = s.rows(SQL);
+    let cold = proxy.hits()[0];
+    assert!(cold >= 2, "without reads at start, the first query reads a manifest list and manifests: {cold}");
+    drop(s);
+
+    count_manifest_reads();
+    let s = serve_sql_on_s3(&lake, &proxy.url(), &["--warm-on-start", "true"]);
+    let line = eventually(20, || {
+        s.log_text().lines().find(|l| l.contains("manifests read at start")).map(String::from)
+    });
+    assert!(line.contains("failed=0"), "{line}");
+    let at_start = proxy.hits()[0];
+    assert!(at_start >= cold, "every table's manifests, glass.events' among them: {at_start} < {cold}");
+    assert_eq!(s.rows(SQL), expected);
+    assert_eq!(proxy.hits()[0], at_start, "the first query read no manifest list or manifest");
+}
+
 /// A burst of queries on a cold server shares each metadata read: four at once read every
 /// manifest list and manifest from the store once, and load every Parquet footer once, as one
 /// query alone does.

@@ -22,6 +22,7 @@ use async_trait::async_trait;
 use datafusion::catalog::{CatalogProvider, SchemaProvider, TableProvider};
 use datafusion::datasource::TableType;
 use datafusion::error::{DataFusionError, Result as DFResult};
+use futures::StreamExt;
 use iceberg::table::Table;
 use iceberg::{Catalog, NamespaceIdent, TableIdent};
 
@@ -95,6 +96,47 @@ impl Lake {
                     tracing::warn!(error = %e, "refreshing the table list failed; keeping the last one");
                 }
             }
+        });
+    }
+
+    /// Reads every listed table's current manifests into the caches, in the background, so
+    /// the first queries after a start plan from memory: what each table's first query would
+    /// read anyway. A table that fails here is left for its queries to report.
+    pub fn spawn_warm(self: &Arc<Self>) {
+        let lake = self.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let names: Vec<(String, String)> = lake
+                .listing
+                .read()
+                .expect("listing")
+                .iter()
+                .flat_map(|(ns, tables)| tables.iter().map(move |t| (ns.clone(), t.clone())))
+                .collect();
+            let tables = names.len();
+            let warm = names.into_iter().map(|(ns, name)| {
+                let lake = lake.clone();
+                async move {
+                    let read = async {
+                        let table = lake.load(&ns, &name).await?;
+                        PhysicalTable::try_new(table, lake.caches.clone())?.warm().await
+                    };
+                    read.await.inspect_err(|e| {
+                        tracing::warn!(table = %format!("{ns}.{name}"), error = %e, "reading its manifests at start failed")
+                    })
+                }
+            });
+            let failed = futures::stream::iter(warm)
+                .buffer_unordered(4)
+                .filter(|r| futures::future::ready(r.is_err()))
+                .count()
+                .await;
+            tracing::info!(
+                tables,
+                failed,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "manifests read at start"
+            );
         });
     }
 

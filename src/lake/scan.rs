@@ -251,7 +251,7 @@ fn safe_for_iceberg(e: &Expr, schema: &SchemaRef) -> bool {
 
 /// DataFusion's Parquet scan reads columns by name, which is only right while the table's
 /// columns have never been renamed or re-typed; after any schema change Iceberg reads by id.
-fn has_evolved(table: &Table) -> bool {
+pub(super) fn has_evolved(table: &Table) -> bool {
     table.metadata().schemas_iter().len() > 1
 }
 

@@ -19,7 +19,8 @@ use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr};
 use iceberg::table::Table;
 
 use super::cache::Caches;
-use super::scan;
+use super::file_stats;
+use super::scan::{self, has_evolved};
 use super::versions::union_schema;
 use crate::error::SkiffError;
 
@@ -34,6 +35,16 @@ impl PhysicalTable {
     pub fn try_new(table: Table, caches: Arc<Caches>) -> Result<Self, SkiffError> {
         let schema = scan::arrow_schema(&table)?;
         Ok(Self { table, schema, caches })
+    }
+
+    /// Reads what planning a scan of the current snapshot needs (its manifest list and
+    /// manifests) into the caches, as a scan would.
+    pub async fn warm(&self) -> Result<(), SkiffError> {
+        if has_evolved(&self.table) {
+            return Ok(());
+        }
+        file_stats::snapshot_files(&self.table, &self.schema, &self.caches).await?;
+        Ok(())
     }
 
     /// The table, snapshot and schema this provider reads: its data cannot change while

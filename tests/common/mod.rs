@@ -134,6 +134,9 @@ impl Server {
         // Likewise the data cache for remote files: fault tests need every read to reach the
         // store (tests/faults.rs turns it on where it is under test).
         cmd.env("SKIFF_DATA_CACHE_MEMORY", "0").env("SKIFF_DATA_CACHE_DISK", "0");
+        // And tests that count metadata reads need them to come from the queries they send,
+        // not from the reads at start (tests/faults.rs turns those on where they are tested).
+        cmd.env("SKIFF_WARM_ON_START", "false");
         if let Some(t) = opts.token {
             cmd.env("API_TOKEN", t);
         }
