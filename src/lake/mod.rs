@@ -34,6 +34,10 @@ pub use table::versions_read;
 use table::{PhysicalTable, VersionedTable};
 use versions::{PinnedVersions, split_version, version_name};
 
+/// Tables whose manifests are read at once at start (each with its own manifest reads in
+/// flight), so a lake of many tables does not flood the store.
+const WARM_TABLES: usize = 4;
+
 /// Namespace → physical table names, as last listed.
 type Listing = BTreeMap<String, BTreeSet<String>>;
 
@@ -127,7 +131,7 @@ impl Lake {
                 }
             });
             let failed = futures::stream::iter(warm)
-                .buffer_unordered(4)
+                .buffer_unordered(WARM_TABLES)
                 .filter(|r| futures::future::ready(r.is_err()))
                 .count()
                 .await;
