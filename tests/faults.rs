@@ -523,4 +523,29 @@ fn corrupt_and_missing_local_files_are_named() {
         assert_eq!(&s.rows(&q(table))[0]["n"], want, "{table} is back once {name} is");
     }
     assert_clean_log(&s);
+
+    // A manifest that does not decode when the manifests are read at start: the server still
+    // starts, warns naming the table, and only that table's queries fail, naming the file.
+    let manifest = files("events_v2", "metadata", ".avro")[0].clone();
+    let saved = std::fs::read(&manifest).unwrap();
+    garbage(&manifest);
+    let mut args = lake_args(dir.path());
+    args.extend(["--warm-on-start".to_string(), "true".to_string()]);
+    let warmed = Server::start(Opts { args, ..Default::default() });
+    let line = eventually(20, || {
+        warmed.log_text().lines().find(|l| l.contains("manifests read at start")).map(String::from)
+    });
+    assert!(line.contains("failed=1"), "{line}");
+    let log = warmed.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("WARN") && l.contains("glass.events_v2") && l.contains("at start")),
+        "{log}"
+    );
+    let name = manifest.file_name().unwrap().to_string_lossy().to_string();
+    let (status, _, msg) = failed(&warmed, &q("events_v2"), Duration::from_secs(10));
+    assert_eq!(status, 502, "{msg}");
+    assert!(msg.contains(&name), "the error names {name}: {msg}");
+    let identities = &good.iter().find(|(t, _)| t == "identities").unwrap().1;
+    assert_eq!(&warmed.rows(&q("identities"))[0]["n"], identities);
+    std::fs::write(&manifest, saved).unwrap();
 }
