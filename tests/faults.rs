@@ -304,14 +304,17 @@ fn manifests_read_at_start_spare_the_first_query() {
 
     count_manifest_reads();
     let s = serve_sql_on_s3(&lake, &proxy.url(), &["--warm-on-start", "true"]);
-    let line = eventually(20, || {
-        s.log_text().lines().find(|l| l.contains("manifests read at start")).map(String::from)
-    });
+    let line = reads_at_start(&s);
     assert!(line.contains("failed=0"), "{line}");
     let at_start = proxy.hits()[0];
     assert!(at_start >= cold, "every table's manifests, glass.events' among them: {at_start} < {cold}");
     assert_eq!(s.rows(SQL), expected);
     assert_eq!(proxy.hits()[0], at_start, "the first query read no manifest list or manifest");
+}
+
+/// The log line of a server's manifest reads at start, once they are done.
+fn reads_at_start(s: &Server) -> String {
+    eventually(20, || s.log_text().lines().find(|l| l.contains("manifests read at start")).map(String::from))
 }
 
 /// A burst of queries on a cold server shares each metadata read: four at once read every
@@ -532,9 +535,7 @@ fn corrupt_and_missing_local_files_are_named() {
     let mut args = lake_args(dir.path());
     args.extend(["--warm-on-start".to_string(), "true".to_string()]);
     let warmed = Server::start(Opts { args, ..Default::default() });
-    let line = eventually(20, || {
-        warmed.log_text().lines().find(|l| l.contains("manifests read at start")).map(String::from)
-    });
+    let line = reads_at_start(&warmed);
     assert!(line.contains("failed=1"), "{line}");
     let log = warmed.log_text();
     assert!(

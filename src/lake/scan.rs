@@ -107,14 +107,7 @@ pub async fn scan(
         stats.files_total.fetch_add(n, Ordering::Relaxed);
     }
 
-    // An evolved schema is read by Iceberg's reader, and delete files are matched to data
-    // files by Iceberg's planning; every other scan is planned from skiff's own manifests.
-    let evolved = has_evolved(table);
-    let files = if evolved {
-        None
-    } else {
-        Some(file_stats::snapshot_files(table, schema, caches).await.map_err(ext)?)
-    };
+    let files = manifest_files(table, schema, caches).await.map_err(ext)?;
     let tasks = match files.as_deref().filter(|f| !f.has_deletes) {
         Some(f) => plan_from_manifests(table, schema, &projected, filters, f, state),
         None => plan_files(table, schema, &projected, filters).await?,
@@ -123,7 +116,7 @@ pub async fn scan(
     if tasks.is_empty() {
         return Ok(Arc::new(EmptyExec::new(projected)));
     }
-    if evolved || tasks.iter().any(|t| !t.deletes.is_empty()) {
+    if has_evolved(table) || tasks.iter().any(|t| !t.deletes.is_empty()) {
         return iceberg_reader_scan(table, projected, tasks, state.config().target_partitions());
     }
     let factory = Arc::new(FileIoReaderFactory {
@@ -249,9 +242,23 @@ fn safe_for_iceberg(e: &Expr, schema: &SchemaRef) -> bool {
     !risky
 }
 
+/// The current snapshot's files from skiff's own manifests, which plan every scan except of
+/// an evolved schema (read by Iceberg's reader) and of files with deletes (matched to their
+/// data files by Iceberg's planning).
+pub(super) async fn manifest_files(
+    table: &Table,
+    schema: &SchemaRef,
+    caches: &Arc<Caches>,
+) -> iceberg::Result<Option<Arc<file_stats::SnapshotFiles>>> {
+    if has_evolved(table) {
+        return Ok(None);
+    }
+    file_stats::snapshot_files(table, schema, caches).await.map(Some)
+}
+
 /// DataFusion's Parquet scan reads columns by name, which is only right while the table's
 /// columns have never been renamed or re-typed; after any schema change Iceberg reads by id.
-pub(super) fn has_evolved(table: &Table) -> bool {
+fn has_evolved(table: &Table) -> bool {
     table.metadata().schemas_iter().len() > 1
 }
 

@@ -19,8 +19,7 @@ use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr};
 use iceberg::table::Table;
 
 use super::cache::Caches;
-use super::file_stats;
-use super::scan::{self, has_evolved};
+use super::scan;
 use super::versions::union_schema;
 use crate::error::SkiffError;
 
@@ -40,10 +39,7 @@ impl PhysicalTable {
     /// Reads what planning a scan of the current snapshot needs (its manifest list and
     /// manifests) into the caches, as a scan would.
     pub async fn warm(&self) -> Result<(), SkiffError> {
-        if has_evolved(&self.table) {
-            return Ok(());
-        }
-        file_stats::snapshot_files(&self.table, &self.schema, &self.caches).await?;
+        scan::manifest_files(&self.table, &self.schema, &self.caches).await?;
         Ok(())
     }
 
