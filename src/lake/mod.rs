@@ -121,11 +121,7 @@ impl Lake {
             let warm = names.into_iter().map(|(ns, name)| {
                 let lake = lake.clone();
                 async move {
-                    let read = async {
-                        let table = lake.load(&ns, &name).await?;
-                        PhysicalTable::try_new(table, lake.caches.clone())?.warm().await
-                    };
-                    read.await.inspect_err(|e| {
+                    lake.warm_table(&ns, &name).await.inspect_err(|e| {
                         tracing::warn!(table = %format!("{ns}.{name}"), error = %e, "reading its manifests at start failed")
                     })
                 }
@@ -142,6 +138,12 @@ impl Lake {
                 "manifests read at start"
             );
         });
+    }
+
+    /// One table of [`Self::spawn_warm`]: loaded as a query would, then its manifests read.
+    async fn warm_table(&self, ns: &str, name: &str) -> Result<(), SkiffError> {
+        let table = self.load(ns, name).await?;
+        PhysicalTable::try_new(table, self.caches.clone())?.warm().await
     }
 
     pub fn namespaces(&self) -> Vec<String> {
