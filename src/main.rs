@@ -83,7 +83,13 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
         let data =
             lake::data_cache::DataCache::new(cfg.data_cache_memory as u64, cfg.data_cache_disk as u64, &dir)
                 .map_err(|e| StartError::Msg(format!("--data-cache-dir {}: {e}", dir.display())))?;
-        let lake = lake::Lake::new(conn.catalog.clone(), pinned, lake::cache::Caches::new(data)).await?;
+        let lake = lake::Lake::new(
+            conn.catalog.clone(),
+            conn.pointers.clone(),
+            pinned,
+            lake::cache::Caches::new(data),
+        )
+        .await?;
         StartResult::Ok((conn, lake))
     };
     let (conn, lake) = tokio::select! {

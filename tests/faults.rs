@@ -181,8 +181,18 @@ fn object_store_faults_fail_fast_name_the_file_and_clear_without_restart() {
     let mut report = Vec::new();
     for (rule, want_status, want_code, names) in cases {
         proxy.fault(rule.clone());
+        // Metadata files are immutable per path, so the running server answers from the copies
+        // it holds (checked here); a server that has not read them yet meets the fault.
+        let fresh;
+        let s = if rule["match"] == "metadata" {
+            assert_eq!(s.rows(SQL)[0]["n"], expected, "{rule}: the metadata it holds still serves");
+            fresh = serve_sql_on_s3(&lake, &proxy.url(), &["--query-timeout", "25s"]);
+            &fresh
+        } else {
+            &s
+        };
         let t = Instant::now();
-        let (status, code, msg) = failed(&s, SQL, Duration::from_secs(15));
+        let (status, code, msg) = failed(s, SQL, Duration::from_secs(15));
         report.push(format!("{rule} -> {status} {code} in {:?}", t.elapsed()));
         assert_eq!((status, code.as_str()), (want_status, want_code), "{rule}: {msg}");
         assert!(
@@ -193,6 +203,7 @@ fn object_store_faults_fail_fast_name_the_file_and_clear_without_restart() {
         // The fault cleared, the same query works again on the same server.
         proxy.clear();
         assert_eq!(s.rows(SQL)[0]["n"], expected, "after {rule}");
+        assert_clean_log(s);
     }
     eprintln!("{}", report.join("\n"));
     assert_clean_log(&s);
@@ -283,6 +294,32 @@ fn after_a_commit_only_the_new_manifests_are_read() {
     // A query that reads every data file (the new one too) reads no manifest again.
     s.rows(SQL);
     assert_eq!(proxy.hits(), [2], "nothing read twice");
+}
+
+/// A table's metadata file is immutable per path too: with a SQL catalog, a repeated query
+/// reads only the table pointer from the catalog and no metadata file from the store, until a
+/// commit moves the pointer; then it reads the new file once and sees the commit.
+#[test]
+fn a_repeated_query_reads_no_metadata_file_until_a_commit() {
+    let lake = s3_lake();
+    let proxy = Proxy::start(&lake.s3.url());
+    let s = serve_sql_on_s3(&lake, &proxy.url(), &[]);
+    let n = |s: &Server| s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"].as_u64().unwrap();
+    let before = n(&s);
+    // A rule that changes nothing, to count the metadata files read.
+    proxy.fault(
+        json!({"action": "delay", "delay_ms": 0, "match": "regex:\\.metadata\\.json$", "method": "GET"}),
+    );
+    assert_eq!(n(&s), before);
+    assert_eq!(proxy.hits(), [0], "the table's metadata file is not read again");
+    fixture(
+        "write_rest_lake.py",
+        &["append", "--uri", &lake.catalog.url(), "--token", CATALOG_TOKEN, "--rows", "25", "--seed", "9"],
+    );
+    assert_eq!(n(&s), before + 25);
+    assert_eq!(proxy.hits(), [1], "the new metadata file, once");
+    assert_eq!(n(&s), before + 25);
+    assert_eq!(proxy.hits(), [1], "and not again");
 }
 
 /// With `--warm-on-start`, the manifest lists and manifests a table's first query would read
@@ -501,10 +538,11 @@ fn corrupt_and_missing_local_files_are_named() {
         let saved = std::fs::read(&path).unwrap();
         breaker(&path);
         let name = path.file_name().unwrap().to_string_lossy().to_string();
-        // Manifests are immutable per path, so a running skiff answers from the copy it
-        // cached (checked here); a server that has not read the file yet meets the damage.
+        // Metadata files and manifests are immutable per path, so a running skiff answers from
+        // the copy it holds (checked here); a server that has not read the file yet meets the
+        // damage.
         let fresh;
-        let server = if name.ends_with(".avro") {
+        let server = if name.ends_with(".avro") || name.ends_with(".metadata.json") {
             let want = &good.iter().find(|(t, _)| t == table).unwrap().1;
             assert_eq!(&s.rows(&q(table))[0]["n"], want, "{table}: the cached manifest still serves");
             fresh = Server::lake(dir.path());

@@ -163,6 +163,18 @@ fn a_pyiceberg_lake_in_postgres_is_served_and_stays_fresh() {
         "the password is in the log:\n{log}\npostgres log:\n{}",
         pg.log_text()
     );
+
+    // The catalog database goes away: a query fails within seconds with a 503 naming the
+    // catalog and the table, never the password, and the server stays up.
+    drop(pg);
+    let started = Instant::now();
+    let (status, v) = s.query("SELECT count(*) AS n FROM glass.events_v2");
+    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}: {v}", started.elapsed());
+    assert_eq!(status, 503, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("catalog") && msg.contains("glass.events_v2"), "{v}");
+    assert!(!v.to_string().contains(PASSWORD_CORE), "{v}");
+    assert_eq!(client().get(format!("{}/_health", s.base)).send().unwrap().status(), 200);
 }
 
 #[test]

@@ -5,6 +5,8 @@ pub mod demo;
 mod rest;
 mod sql;
 
+pub use sql::TablePointers;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,6 +25,9 @@ pub struct Connection {
     pub kind: &'static str,
     /// Where it is, for the startup line and `GET /`.
     pub location: String,
+    /// Reads table pointers without loading tables; SQL catalogs only (a REST catalog's
+    /// `loadTable` answer is the metadata itself).
+    pub pointers: Option<Arc<TablePointers>>,
 }
 
 impl std::fmt::Debug for Connection {

@@ -35,5 +35,6 @@ pub async fn connect(
             Some(w) => format!("{} (warehouse {w})", describe(uri)),
             None => describe(uri),
         },
+        pointers: None,
     })
 }

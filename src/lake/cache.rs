@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use iceberg::TableIdent;
 use iceberg::spec::{ManifestFile, ManifestList};
 use iceberg::table::Table;
 use parquet::file::metadata::ParquetMetaData;
@@ -87,22 +88,29 @@ impl Caches {
         }
     }
 
+    /// The table loaded before for `ident`, if it was loaded from the metadata file at
+    /// `location` (the catalog's current pointer) recently enough to reuse.
+    pub fn loaded_table(&self, ident: &TableIdent, location: &str) -> Option<Table> {
+        let tables = self.tables.lock().expect("tables");
+        let t = tables.get(&ident.to_string())?;
+        (t.metadata_location == location && t.loaded.elapsed() < TABLE_REUSE).then(|| {
+            metrics::cache_hit("table");
+            t.table.clone()
+        })
+    }
+
     /// The table to use for a freshly loaded one: the one loaded before if the catalog still
     /// points at the same metadata file (so its warm manifest cache is kept), else this one.
     pub fn table(&self, fresh: Table) -> Table {
         let Some(location) = fresh.metadata_location().map(str::to_string) else {
             return fresh;
         };
-        let key = fresh.identifier().to_string();
-        let mut tables = self.tables.lock().expect("tables");
-        if let Some(t) = tables.get(&key)
-            && t.metadata_location == location
-            && t.loaded.elapsed() < TABLE_REUSE
-        {
-            metrics::cache_hit("table");
-            return t.table.clone();
+        if let Some(t) = self.loaded_table(fresh.identifier(), &location) {
+            return t;
         }
         metrics::cache_miss("table");
+        let key = fresh.identifier().to_string();
+        let mut tables = self.tables.lock().expect("tables");
         tables.insert(
             key,
             LoadedTable { metadata_location: location, loaded: Instant::now(), table: fresh.clone() },

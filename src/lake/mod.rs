@@ -26,6 +26,7 @@ use futures::StreamExt;
 use iceberg::table::Table;
 use iceberg::{Catalog, NamespaceIdent, TableIdent};
 
+use crate::catalog::TablePointers;
 use crate::error::SkiffError;
 use crate::observe::metrics;
 use cache::Caches;
@@ -43,6 +44,8 @@ type Listing = BTreeMap<String, BTreeSet<String>>;
 
 pub struct Lake {
     catalog: Arc<dyn Catalog>,
+    /// Lets a query reuse a loaded table without the catalog re-reading its metadata file.
+    pointers: Option<Arc<TablePointers>>,
     caches: Arc<Caches>,
     pinned: PinnedVersions,
     listing: RwLock<Listing>,
@@ -58,11 +61,12 @@ impl Lake {
     /// Connects the lake and lists its tables once.
     pub async fn new(
         catalog: Arc<dyn Catalog>,
+        pointers: Option<Arc<TablePointers>>,
         pinned: PinnedVersions,
         caches: Caches,
     ) -> Result<Arc<Self>, SkiffError> {
         let caches = Arc::new(caches);
-        let lake = Arc::new(Self { catalog, caches, pinned, listing: RwLock::default() });
+        let lake = Arc::new(Self { catalog, pointers, caches, pinned, listing: RwLock::default() });
         lake.refresh().await?;
         Ok(lake)
     }
@@ -178,6 +182,16 @@ impl Lake {
     /// when its metadata file has not changed).
     pub async fn load(&self, ns: &str, name: &str) -> Result<Table, SkiffError> {
         let ident = TableIdent::new(NamespaceIdent::new(ns.to_string()), name.to_string());
+        if let Some(pointers) = &self.pointers {
+            let location = pointers.current(&ident).await.map_err(|e| SkiffError::Unavailable {
+                dependency: "catalog",
+                message: format!("reading the metadata location of {ns}.{name}: {e}"),
+            })?;
+            // No such table: the full load below says so in the catalog's words.
+            if let Some(table) = location.and_then(|l| self.caches.loaded_table(&ident, &l)) {
+                return Ok(table);
+            }
+        }
         let fresh = self.catalog.load_table(&ident).await.map_err(|e| {
             let err = SkiffError::from_iceberg(&e);
             match err {
