@@ -53,6 +53,13 @@ impl Proxy {
         v["by_rule"].as_array().unwrap().iter().map(|h| h.as_u64().unwrap()).collect()
     }
 
+    /// Adds a rule that changes nothing, to count the GETs whose path matches `regex`.
+    fn count_reads(&self, regex: &str) {
+        self.fault(
+            json!({"action": "delay", "delay_ms": 0, "match": format!("regex:{regex}"), "method": "GET"}),
+        );
+    }
+
     fn faults_injected(&self) -> u64 {
         let v: Value = client().get(format!("{}/__control", self.url())).send().unwrap().json().unwrap();
         v["faults"].as_u64().unwrap()
@@ -90,6 +97,20 @@ fn s3_lake() -> S3Lake {
         &["init", "--uri", &catalog.url(), "--token", CATALOG_TOKEN, "--events", "2000"],
     );
     S3Lake { dir, s3, catalog }
+}
+
+/// One more PyIceberg commit to glass.events, of `rows` rows.
+fn commit(lake: &S3Lake, rows: u32, seed: u32) {
+    let (rows, seed) = (rows.to_string(), seed.to_string());
+    fixture(
+        "write_rest_lake.py",
+        &["append", "--uri", &lake.catalog.url(), "--token", CATALOG_TOKEN, "--rows", &rows, "--seed", &seed],
+    );
+}
+
+/// glass.events' row count (from metadata: no data file is read).
+fn count_events(s: &Server) -> u64 {
+    s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"].as_u64().unwrap()
 }
 
 fn serve_sql_on_s3(lake: &S3Lake, endpoint: &str, extra: &[&str]) -> Server {
@@ -281,15 +302,10 @@ fn after_a_commit_only_the_new_manifests_are_read() {
     let lake = s3_lake();
     let proxy = Proxy::start(&lake.s3.url());
     let s = serve_sql_on_s3(&lake, &proxy.url(), &[]);
-    let n = |s: &Server| s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"].as_u64().unwrap();
-    let before = n(&s);
-    fixture(
-        "write_rest_lake.py",
-        &["append", "--uri", &lake.catalog.url(), "--token", CATALOG_TOKEN, "--rows", "40", "--seed", "5"],
-    );
-    // A rule that changes nothing, to count the manifest lists and manifests read.
-    proxy.fault(json!({"action": "delay", "delay_ms": 0, "match": "regex:\\.avro$", "method": "GET"}));
-    assert_eq!(n(&s), before + 40);
+    let before = count_events(&s);
+    commit(&lake, 40, 5);
+    proxy.count_reads("\\.avro$");
+    assert_eq!(count_events(&s), before + 40);
     assert_eq!(proxy.hits(), [2], "the new snapshot's manifest list and its one new manifest");
     // A query that reads every data file (the new one too) reads no manifest again.
     s.rows(SQL);
@@ -304,21 +320,14 @@ fn a_repeated_query_reads_no_metadata_file_until_a_commit() {
     let lake = s3_lake();
     let proxy = Proxy::start(&lake.s3.url());
     let s = serve_sql_on_s3(&lake, &proxy.url(), &[]);
-    let n = |s: &Server| s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"].as_u64().unwrap();
-    let before = n(&s);
-    // A rule that changes nothing, to count the metadata files read.
-    proxy.fault(
-        json!({"action": "delay", "delay_ms": 0, "match": "regex:\\.metadata\\.json$", "method": "GET"}),
-    );
-    assert_eq!(n(&s), before);
+    let before = count_events(&s);
+    proxy.count_reads("\\.metadata\\.json$");
+    assert_eq!(count_events(&s), before);
     assert_eq!(proxy.hits(), [0], "the table's metadata file is not read again");
-    fixture(
-        "write_rest_lake.py",
-        &["append", "--uri", &lake.catalog.url(), "--token", CATALOG_TOKEN, "--rows", "25", "--seed", "9"],
-    );
-    assert_eq!(n(&s), before + 25);
+    commit(&lake, 25, 9);
+    assert_eq!(count_events(&s), before + 25);
     assert_eq!(proxy.hits(), [1], "the new metadata file, once");
-    assert_eq!(n(&s), before + 25);
+    assert_eq!(count_events(&s), before + 25);
     assert_eq!(proxy.hits(), [1], "and not again");
 }
 
@@ -328,18 +337,15 @@ fn a_repeated_query_reads_no_metadata_file_until_a_commit() {
 fn manifests_read_at_start_spare_the_first_query() {
     let lake = s3_lake();
     let proxy = Proxy::start(&lake.s3.url());
-    // A rule that changes nothing, to count the manifest lists and manifests read.
-    let count_manifest_reads =
-        || proxy.fault(json!({"action": "delay", "delay_ms": 0, "match": "regex:\\.avro$", "method": "GET"}));
-
-    count_manifest_reads();
+    // Manifest lists and manifests.
+    proxy.count_reads("\\.avro$");
     let s = serve_sql_on_s3(&lake, &proxy.url(), &["--warm-on-start", "false"]);
     let expected = s.rows(SQL);
     let cold = proxy.hits()[0];
     assert!(cold >= 2, "without reads at start, the first query reads a manifest list and manifests: {cold}");
     drop(s);
 
-    count_manifest_reads();
+    proxy.count_reads("\\.avro$");
     let s = serve_sql_on_s3(&lake, &proxy.url(), &["--warm-on-start", "true"]);
     let line = reads_at_start(&s);
     assert!(line.contains("failed=0"), "{line}");
