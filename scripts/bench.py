@@ -182,7 +182,7 @@ def one_lake(args, label):
             post(cached.base, sql)
             state = {}
             post(cached.base, sql, headers=state)
-            # Kinds that read the clock (live events) are never cached.
+            # Queries with volatile functions (now(), random()) bypass the cache.
             if state.get("x-skiff-result-cache") == "hit":
                 cache_hit_ms[name] = statistics.median(timed(lambda: post(cached.base, sql)) for _ in range(15))
     finally:
