@@ -75,23 +75,27 @@ struct S3Lake {
 }
 
 fn s3_lake() -> S3Lake {
+    s3_lake_with(&[])
+}
+
+/// The same, with `extra` arguments for the REST catalog fixture.
+fn s3_lake_with(extra: &[&str]) -> S3Lake {
     let dir = tempdir();
     let s3 = FixtureServer::start("s3_server.py", &["--bucket", "lakebucket", "--quiet"]);
     let db = dir.path().join("rest.db").display().to_string();
     let s3_url = s3.url();
-    let catalog = FixtureServer::start(
-        "rest_catalog.py",
-        &[
-            "--db",
-            &db,
-            "--warehouse",
-            "s3://lakebucket/wh",
-            "--token",
-            CATALOG_TOKEN,
-            "--s3-endpoint",
-            &s3_url,
-        ],
-    );
+    let mut args = vec![
+        "--db",
+        &db,
+        "--warehouse",
+        "s3://lakebucket/wh",
+        "--token",
+        CATALOG_TOKEN,
+        "--s3-endpoint",
+        &s3_url,
+    ];
+    args.extend(extra);
+    let catalog = FixtureServer::start("rest_catalog.py", &args);
     fixture(
         "write_rest_lake.py",
         &["init", "--uri", &catalog.url(), "--token", CATALOG_TOKEN, "--events", "2000"],
@@ -444,7 +448,9 @@ fn a_slow_or_gone_object_store_is_a_timeout_or_503_then_recovers() {
 
 #[test]
 fn rest_catalog_faults_are_503_naming_the_catalog() {
-    let lake = s3_lake();
+    // Without ETags every `loadTable` answer has a body for the faults to cut short (a 304
+    // has none, and skiff rightly keeps the table it holds).
+    let lake = s3_lake_with(&["--no-etag"]);
     let proxy = Proxy::start(&lake.catalog.url());
     let s = Server::start(Opts {
         args: vec!["--catalog-uri".into(), proxy.url(), "--query-timeout".into(), "20s".into()],

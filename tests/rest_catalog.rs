@@ -22,27 +22,49 @@ impl RestLake {
         self.dir.path().join("rest.db").display().to_string()
     }
 
+    /// The catalog's request log: `METHOD path -> status` per request.
+    fn log(&self) -> std::path::PathBuf {
+        self.dir.path().join("catalog.log")
+    }
+
     fn catalog_args(&self, port: u16) -> Vec<String> {
-        let mut a: Vec<String> =
-            ["--port", &port.to_string(), "--db", &self.db(), "--warehouse", "s3://lakebucket/wh"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
+        let log = self.log().display().to_string();
+        let mut a: Vec<String> = [
+            "--port",
+            &port.to_string(),
+            "--db",
+            &self.db(),
+            "--warehouse",
+            "s3://lakebucket/wh",
+            "--log",
+            &log,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         a.extend(["--token".into(), CATALOG_TOKEN.into(), "--s3-endpoint".into(), self.s3.url()]);
         a
     }
 }
 
 fn rest_lake(prefix: Option<&str>) -> RestLake {
+    rest_lake_with(prefix, &[])
+}
+
+/// A lake behind the REST fixture started with `extra` arguments.
+fn rest_lake_with(prefix: Option<&str>, extra: &[&str]) -> RestLake {
     let dir = tempdir();
     let s3 = FixtureServer::start("s3_server.py", &["--bucket", "lakebucket"]);
     let db = dir.path().join("rest.db").display().to_string();
-    let mut args = vec!["--db", &db, "--warehouse", "s3://lakebucket/wh", "--token", CATALOG_TOKEN];
+    let log = dir.path().join("catalog.log").display().to_string();
+    let mut args =
+        vec!["--db", &db, "--warehouse", "s3://lakebucket/wh", "--token", CATALOG_TOKEN, "--log", &log];
     let s3_url = s3.url();
     args.extend(["--s3-endpoint", &s3_url]);
     if let Some(p) = prefix {
         args.extend(["--prefix", p]);
     }
+    args.extend(extra);
     let catalog = FixtureServer::start("rest_catalog.py", &args);
     fixture(
         "write_rest_lake.py",
@@ -136,6 +158,75 @@ fn new_snapshots_and_versions_through_rest_are_seen() {
     });
     let rows = s.rows("SELECT count(*) AS n FROM glass.events WHERE utm_source IS NULL AND revenue IS NULL");
     assert!(rows[0]["n"].as_u64().unwrap() >= before + 77);
+}
+
+/// The statuses of the catalog's answers to GET of `glass.<table>` since line `from` of its log.
+fn table_loads(lake: &RestLake, table: &str, from: usize) -> Vec<u16> {
+    let suffix = format!("/namespaces/glass/tables/{table} -> ");
+    std::fs::read_to_string(lake.log())
+        .unwrap()
+        .lines()
+        .skip(from)
+        .filter(|l| l.starts_with("GET "))
+        .filter_map(|l| l.split_once(&suffix).map(|(_, status)| status.parse().unwrap()))
+        .collect()
+}
+
+fn log_lines(lake: &RestLake) -> usize {
+    std::fs::read_to_string(lake.log()).unwrap().lines().count()
+}
+
+/// A query re-checks each table with one `loadTable`: conditional where the catalog sends
+/// ETags (answered 304 while nothing changed), read only for its metadata location where it
+/// does not; the table is loaded in full again only after a commit, and the commit is seen.
+#[test]
+fn a_repeated_query_rechecks_each_table_with_one_conditional_load() {
+    for etags in [true, false] {
+        let lake = rest_lake_with(Some("accounts/acc/buckets/b"), if etags { &[] } else { &["--no-etag"] });
+        let s = Server::start(Opts {
+            args: vec![
+                "--catalog-uri".into(),
+                lake.catalog.url(),
+                "--warm-on-start".into(),
+                "false".into(),
+                "--result-cache-bytes".into(),
+                "0".into(),
+            ],
+            env: vec![("CF_API_TOKEN", CATALOG_TOKEN.to_string())],
+            ..Default::default()
+        });
+        let sql = "SELECT count(*) AS n, count(DISTINCT device_id) AS d FROM glass.events";
+        let before = s.rows(sql)[0]["n"].as_u64().unwrap();
+        let from = log_lines(&lake);
+        for _ in 0..3 {
+            assert_eq!(s.rows(sql)[0]["n"].as_u64().unwrap(), before);
+        }
+        let repeated = table_loads(&lake, "events", from);
+        assert_eq!(repeated, vec![if etags { 304 } else { 200 }; 3], "etags {etags}");
+
+        fixture(
+            "write_rest_lake.py",
+            &[
+                "append",
+                "--uri",
+                &lake.catalog.url(),
+                "--token",
+                CATALOG_TOKEN,
+                "--rows",
+                "25",
+                "--seed",
+                "7",
+            ],
+        );
+        let from = log_lines(&lake);
+        assert_eq!(s.rows(sql)[0]["n"].as_u64().unwrap(), before + 25, "etags {etags}");
+        // The check finds the new metadata location, then the table is loaded in full.
+        assert_eq!(table_loads(&lake, "events", from), vec![200, 200], "etags {etags}");
+        let from = log_lines(&lake);
+        assert_eq!(s.rows(sql)[0]["n"].as_u64().unwrap(), before + 25);
+        assert_eq!(table_loads(&lake, "events", from), vec![if etags { 304 } else { 200 }], "etags {etags}");
+        assert!(!s.log_text().contains(CATALOG_TOKEN), "the catalog token reached the log");
+    }
 }
 
 #[test]

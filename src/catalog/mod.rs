@@ -5,14 +5,12 @@ pub mod demo;
 mod rest;
 mod sql;
 
-pub use sql::TablePointers;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use iceberg::Catalog;
 use iceberg::io::StorageFactory;
+use iceberg::{Catalog, TableIdent};
 use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 
 use crate::config::{ServeConfig, redact_uri};
@@ -25,9 +23,29 @@ pub struct Connection {
     pub kind: &'static str,
     /// Where it is, for the startup line and `GET /`.
     pub location: String,
-    /// Reads table pointers without loading tables; SQL catalogs only (a REST catalog's
-    /// `loadTable` answer is the metadata itself).
+    /// Reads table pointers without loading tables.
     pub pointers: Option<Arc<TablePointers>>,
+}
+
+/// Reads a table's current metadata location (its pointer) without loading the table, so a
+/// query can reuse the table loaded before while the pointer has not moved.
+pub enum TablePointers {
+    Sql(sql::SqlPointers),
+    Rest(rest::RestPointers),
+}
+
+/// Why a pointer could not be read: the catalog's failure, reported as its outage.
+pub type PointerError = Box<dyn std::error::Error + Send + Sync>;
+
+impl TablePointers {
+    /// The table's metadata location; `None` when the catalog's answer does not give it (no
+    /// such table), for the full load to report.
+    pub async fn current(&self, table: &TableIdent) -> Result<Option<String>, PointerError> {
+        match self {
+            Self::Sql(p) => Ok(p.current(table).await?),
+            Self::Rest(p) => p.current(table).await,
+        }
+    }
 }
 
 impl std::fmt::Debug for Connection {

@@ -1,7 +1,7 @@
 //! SQL catalogs (SQLite, PostgreSQL) in PyIceberg's layout: `iceberg_tables` and
 //! `iceberg_namespace_properties`, keyed by catalog name.
 //!
-//! Besides iceberg-rust's catalog, skiff keeps its own small pool for [`TablePointers`]: the
+//! Besides iceberg-rust's catalog, skiff keeps its own small pool for [`SqlPointers`]: the
 //! catalog's `load_table` re-reads and re-parses a table's `metadata.json` on every call, even
 //! when it is the file skiff already holds, and that is half of a result-cache hit's time.
 
@@ -16,7 +16,7 @@ use iceberg_catalog_sql::{
 };
 use sqlx::Row;
 
-use super::{Connection, describe, storage_factory};
+use super::{Connection, TablePointers, describe, storage_factory};
 use crate::error::{StartError, StartResult as Result};
 
 pub async fn connect(
@@ -39,25 +39,25 @@ pub async fn connect(
         .with_storage_factory(storage_factory())
         .load(name.clone(), props)
         .await?;
-    let pointers = TablePointers::connect(uri, bind, &name).await?;
+    let pointers = SqlPointers::connect(uri, bind, &name).await?;
     Ok(Connection {
         catalog: Arc::new(catalog),
         kind,
         location: format!("{} (catalog {name}, warehouse {warehouse})", describe(uri)),
-        pointers: Some(Arc::new(pointers)),
+        pointers: Some(Arc::new(TablePointers::Sql(pointers))),
     })
 }
 
 /// Reads a table's current metadata location (the table pointer) from `iceberg_tables`,
 /// without reading the metadata file it names.
-pub struct TablePointers {
+pub struct SqlPointers {
     pool: sqlx::AnyPool,
     /// The look-up, with the catalog's placeholder style (`?` or `$n`).
     sql: String,
     catalog_name: String,
 }
 
-impl TablePointers {
+impl SqlPointers {
     /// Connections for pointer reads: a query reads a few tables' pointers at once.
     const CONNECTIONS: u32 = 4;
     /// A catalog database that is down fails the query in this time, not sqlx's 30 s.

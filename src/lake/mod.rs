@@ -187,7 +187,7 @@ impl Lake {
                 dependency: "catalog",
                 message: format!("reading the metadata location of {ns}.{name}: {e}"),
             })?;
-            // No such table: the full load below says so in the catalog's words.
+            // Unknown (no such table, an error status): the full load below reports it.
             if let Some(table) = location.and_then(|l| self.caches.loaded_table(&ident, &l)) {
                 return Ok(table);
             }
