@@ -160,15 +160,20 @@ fn new_snapshots_and_versions_through_rest_are_seen() {
     assert!(rows[0]["n"].as_u64().unwrap() >= before + 77);
 }
 
-/// The statuses of the catalog's answers to GET of `glass.<table>` since line `from` of its log.
-fn table_loads(lake: &RestLake, table: &str, from: usize) -> Vec<u16> {
-    let suffix = format!("/namespaces/glass/tables/{table} -> ");
+/// The catalog's answers to GET of `glass.<table>` since line `from` of its log: whether the
+/// request asked for `snapshots=refs`, and the status.
+fn table_loads(lake: &RestLake, table: &str, from: usize) -> Vec<(bool, u16)> {
+    let route = format!("/namespaces/glass/tables/{table}");
     std::fs::read_to_string(lake.log())
         .unwrap()
         .lines()
         .skip(from)
-        .filter(|l| l.starts_with("GET "))
-        .filter_map(|l| l.split_once(&suffix).map(|(_, status)| status.parse().unwrap()))
+        .filter_map(|l| l.strip_prefix("GET "))
+        .filter_map(|l| {
+            let (path, status) = l.split_once(" -> ")?;
+            let (path, query) = path.split_once('?').unwrap_or((path, ""));
+            path.ends_with(&route).then(|| (query == "snapshots=refs", status.parse().unwrap()))
+        })
         .collect()
 }
 
@@ -176,13 +181,15 @@ fn log_lines(lake: &RestLake) -> usize {
     std::fs::read_to_string(lake.log()).unwrap().lines().count()
 }
 
-/// A query re-checks each table with one `loadTable`: conditional where the catalog sends
-/// ETags (answered 304 while nothing changed), read only for its metadata location where it
-/// does not; the table is loaded in full again only after a commit, and the commit is seen.
+/// A query re-checks each table with one `loadTable` for the snapshots the refs name:
+/// conditional where the catalog sends ETags (answered 304 while nothing changed), read only
+/// for its metadata location where it does not; the table is loaded in full again (by
+/// iceberg-rust, every snapshot) only after a commit, and the commit is seen. A catalog that
+/// refuses `snapshots=refs` is asked without it.
 #[test]
 fn a_repeated_query_rechecks_each_table_with_one_conditional_load() {
-    for etags in [true, false] {
-        let lake = rest_lake_with(Some("accounts/acc/buckets/b"), if etags { &[] } else { &["--no-etag"] });
+    for fixture_args in [&[][..], &["--no-etag"], &["--reject-snapshots-param"]] {
+        let lake = rest_lake_with(Some("accounts/acc/buckets/b"), fixture_args);
         let s = Server::start(Opts {
             args: vec![
                 "--catalog-uri".into(),
@@ -195,14 +202,16 @@ fn a_repeated_query_rechecks_each_table_with_one_conditional_load() {
             env: vec![("CF_API_TOKEN", CATALOG_TOKEN.to_string())],
             ..Default::default()
         });
+        let etags = fixture_args != ["--no-etag"];
+        let refs = fixture_args != ["--reject-snapshots-param"];
+        let unchanged = (refs, if etags { 304 } else { 200 });
         let sql = "SELECT count(*) AS n, count(DISTINCT device_id) AS d FROM glass.events";
         let before = s.rows(sql)[0]["n"].as_u64().unwrap();
         let from = log_lines(&lake);
         for _ in 0..3 {
             assert_eq!(s.rows(sql)[0]["n"].as_u64().unwrap(), before);
         }
-        let repeated = table_loads(&lake, "events", from);
-        assert_eq!(repeated, vec![if etags { 304 } else { 200 }; 3], "etags {etags}");
+        assert_eq!(table_loads(&lake, "events", from), vec![unchanged; 3], "{fixture_args:?}");
 
         fixture(
             "write_rest_lake.py",
@@ -219,12 +228,18 @@ fn a_repeated_query_rechecks_each_table_with_one_conditional_load() {
             ],
         );
         let from = log_lines(&lake);
-        assert_eq!(s.rows(sql)[0]["n"].as_u64().unwrap(), before + 25, "etags {etags}");
+        assert_eq!(s.rows(sql)[0]["n"].as_u64().unwrap(), before + 25, "{fixture_args:?}");
         // The check finds the new metadata location, then the table is loaded in full.
-        assert_eq!(table_loads(&lake, "events", from), vec![200, 200], "etags {etags}");
+        assert_eq!(table_loads(&lake, "events", from), vec![(refs, 200), (false, 200)], "{fixture_args:?}");
         let from = log_lines(&lake);
         assert_eq!(s.rows(sql)[0]["n"].as_u64().unwrap(), before + 25);
-        assert_eq!(table_loads(&lake, "events", from), vec![if etags { 304 } else { 200 }], "etags {etags}");
+        assert_eq!(table_loads(&lake, "events", from), vec![unchanged], "{fixture_args:?}");
+        if !refs {
+            // Refused once, at the first check of any table.
+            let refused =
+                table_loads(&lake, "events", 0).into_iter().chain(table_loads(&lake, "identities", 0));
+            assert_eq!(refused.filter(|&l| l == (true, 400)).count(), 1);
+        }
         assert!(!s.log_text().contains(CATALOG_TOKEN), "the catalog token reached the log");
     }
 }

@@ -6,11 +6,12 @@
 //! Besides iceberg-rust's catalog, skiff sends its own `loadTable` for [`RestPointers`]: a
 //! conditional one (`If-None-Match` with the table's last `ETag`), answered with a bodiless 304
 //! by catalogs that implement freshness-aware loading, and otherwise read for its
-//! `metadata-location` alone. iceberg-rust's `load_table` parses the whole metadata (every
+//! `metadata-location` alone (asking for no more snapshots than the refs name). iceberg-rust's `load_table` parses the whole metadata (every
 //! snapshot a table keeps) and builds a new `FileIO` on every call, even for a table skiff
 //! already holds.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -66,6 +67,10 @@ pub struct RestPointers {
     base: OnceCell<Url>,
     /// Per table, the last `ETag` the catalog sent and the metadata location it was sent with.
     etags: Mutex<HashMap<TableIdent, (HeaderValue, String)>>,
+    /// Asks for the snapshots that branches and tags reference, not every snapshot kept (the
+    /// spec's `snapshots=refs`): a check needs none of them, and a Pipelines table keeps one
+    /// per commit. Cleared if the catalog refuses it.
+    refs_only: AtomicBool,
 }
 
 /// The parts of `/v1/config`'s answer that move the table routes.
@@ -113,6 +118,7 @@ impl RestPointers {
             warehouse: warehouse.map(str::to_string),
             base: OnceCell::new(),
             etags: Mutex::default(),
+            refs_only: AtomicBool::new(true),
         })
     }
 
@@ -131,7 +137,11 @@ impl RestPointers {
             table.name(),
         ]);
         let held = self.etags.lock().expect("etags").get(table).cloned();
+        let refs_only = self.refs_only.load(Ordering::Relaxed);
         let mut request = self.client.get(url);
+        if refs_only {
+            request = request.query(&[("snapshots", "refs")]);
+        }
         if let Some((etag, _)) = &held {
             request = request.header(IF_NONE_MATCH, etag.clone());
         }
@@ -152,6 +162,11 @@ impl RestPointers {
                     None => etags.remove(table),
                 };
                 Ok(Some(location))
+            }
+            // A catalog that refuses `snapshots=refs` is asked without it from now on.
+            StatusCode::BAD_REQUEST if refs_only => {
+                self.refs_only.store(false, Ordering::Relaxed);
+                Box::pin(self.current(table)).await
             }
             _ => Ok(None),
         }
