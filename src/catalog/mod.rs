@@ -24,7 +24,7 @@ pub struct Connection {
     /// Where it is, for the startup line and `GET /`.
     pub location: String,
     /// Reads table pointers without loading tables.
-    pub pointers: Option<Arc<TablePointers>>,
+    pub pointers: Arc<TablePointers>,
 }
 
 /// Reads a table's current metadata location (its pointer) without loading the table, so a
@@ -39,7 +39,7 @@ pub type PointerError = Box<dyn std::error::Error + Send + Sync>;
 
 impl TablePointers {
     /// The table's metadata location; `None` when the catalog's answer does not give it (no
-    /// such table), for the full load to report.
+    /// such table, an error status), for the full load to report.
     pub async fn current(&self, table: &TableIdent) -> Result<Option<String>, PointerError> {
         match self {
             Self::Sql(p) => Ok(p.current(table).await?),

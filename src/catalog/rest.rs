@@ -6,9 +6,9 @@
 //! Besides iceberg-rust's catalog, skiff sends its own `loadTable` for [`RestPointers`]: a
 //! conditional one (`If-None-Match` with the table's last `ETag`), answered with a bodiless 304
 //! by catalogs that implement freshness-aware loading, and otherwise read for its
-//! `metadata-location` alone (asking for no more snapshots than the refs name). iceberg-rust's `load_table` parses the whole metadata (every
-//! snapshot a table keeps) and builds a new `FileIO` on every call, even for a table skiff
-//! already holds.
+//! `metadata-location` alone (asking for no more snapshots than the refs name). iceberg-rust's
+//! `load_table` parses the whole metadata (every snapshot a table keeps) and builds a new
+//! `FileIO` on every call, even for a table skiff already holds.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +23,7 @@ use serde::Deserialize;
 use tokio::sync::OnceCell;
 
 use super::{Connection, PointerError, TablePointers, describe, storage_factory};
-use crate::error::StartResult as Result;
+use crate::error::{StartError, StartResult as Result};
 
 /// Asks for vended credentials: a table loaded without them could not read its files.
 const ACCESS_DELEGATION: (&str, &str) = ("X-Iceberg-Access-Delegation", "vended-credentials");
@@ -53,7 +53,7 @@ pub async fn connect(
             Some(w) => format!("{} (warehouse {w})", describe(uri)),
             None => describe(uri),
         },
-        pointers: Some(Arc::new(TablePointers::Rest(pointers))),
+        pointers: Arc::new(TablePointers::Rest(pointers)),
     })
 }
 
@@ -100,9 +100,8 @@ impl RestPointers {
         headers.insert(ACCESS_DELEGATION.0, HeaderValue::from_static(ACCESS_DELEGATION.1));
         headers.insert(USER_AGENT, HeaderValue::from_static(concat!("skiff/", env!("CARGO_PKG_VERSION"))));
         if let Some(t) = token {
-            let mut v = HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
-                crate::error::StartError::Msg("the catalog token is not a valid header value".into())
-            })?;
+            let mut v = HeaderValue::from_str(&format!("Bearer {t}"))
+                .map_err(|_| StartError::Msg("the catalog token is not a valid header value".into()))?;
             v.set_sensitive(true);
             headers.insert(AUTHORIZATION, v);
         }
@@ -111,7 +110,7 @@ impl RestPointers {
             .timeout(Self::TIMEOUT)
             .connect_timeout(Self::CONNECT_TIMEOUT)
             .build()
-            .map_err(|e| crate::error::StartError::Msg(format!("building the catalog client: {e}")))?;
+            .map_err(|e| StartError::Msg(format!("building the catalog client: {e}")))?;
         Ok(Self {
             client,
             uri: uri.to_string(),

@@ -44,7 +44,7 @@ pub async fn connect(
         catalog: Arc::new(catalog),
         kind,
         location: format!("{} (catalog {name}, warehouse {warehouse})", describe(uri)),
-        pointers: Some(Arc::new(TablePointers::Sql(pointers))),
+        pointers: Arc::new(TablePointers::Sql(pointers)),
     })
 }
 

@@ -45,7 +45,7 @@ type Listing = BTreeMap<String, BTreeSet<String>>;
 pub struct Lake {
     catalog: Arc<dyn Catalog>,
     /// Lets a query reuse a loaded table without the catalog re-reading its metadata file.
-    pointers: Option<Arc<TablePointers>>,
+    pointers: Arc<TablePointers>,
     caches: Arc<Caches>,
     pinned: PinnedVersions,
     listing: RwLock<Listing>,
@@ -61,7 +61,7 @@ impl Lake {
     /// Connects the lake and lists its tables once.
     pub async fn new(
         catalog: Arc<dyn Catalog>,
-        pointers: Option<Arc<TablePointers>>,
+        pointers: Arc<TablePointers>,
         pinned: PinnedVersions,
         caches: Caches,
     ) -> Result<Arc<Self>, SkiffError> {
@@ -182,15 +182,13 @@ impl Lake {
     /// when its metadata file has not changed).
     pub async fn load(&self, ns: &str, name: &str) -> Result<Table, SkiffError> {
         let ident = TableIdent::new(NamespaceIdent::new(ns.to_string()), name.to_string());
-        if let Some(pointers) = &self.pointers {
-            let location = pointers.current(&ident).await.map_err(|e| SkiffError::Unavailable {
-                dependency: "catalog",
-                message: format!("reading the metadata location of {ns}.{name}: {e}"),
-            })?;
-            // Unknown (no such table, an error status): the full load below reports it.
-            if let Some(table) = location.and_then(|l| self.caches.loaded_table(&ident, &l)) {
-                return Ok(table);
-            }
+        let location = self.pointers.current(&ident).await.map_err(|e| SkiffError::Unavailable {
+            dependency: "catalog",
+            message: format!("reading the metadata location of {ns}.{name}: {e}"),
+        })?;
+        // Unknown (no such table, an error status): the full load below reports it.
+        if let Some(table) = location.and_then(|l| self.caches.loaded_table(&ident, &l)) {
+            return Ok(table);
         }
         let fresh = self.catalog.load_table(&ident).await.map_err(|e| {
             let err = SkiffError::from_iceberg(&e);
