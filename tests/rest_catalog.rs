@@ -81,6 +81,15 @@ fn serve_rest(lake: &RestLake, token: &str) -> Server {
     })
 }
 
+/// One more PyIceberg commit to glass.events, of `rows` rows.
+fn append(lake: &RestLake, rows: u32, seed: u32) {
+    let (rows, seed) = (rows.to_string(), seed.to_string());
+    fixture(
+        "write_rest_lake.py",
+        &["append", "--uri", &lake.catalog.url(), "--token", CATALOG_TOKEN, "--rows", &rows, "--seed", &seed],
+    );
+}
+
 fn counts(lake: &RestLake) -> serde_json::Value {
     fixture(
         "write_rest_lake.py",
@@ -131,22 +140,7 @@ fn new_snapshots_and_versions_through_rest_are_seen() {
         ..Default::default()
     });
     let before = s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"].as_u64().unwrap();
-    fixture(
-        "write_rest_lake.py",
-        &[
-            "append",
-            "--uri",
-            &lake.catalog.url(),
-            "--token",
-            CATALOG_TOKEN,
-            "--table",
-            "glass.events",
-            "--rows",
-            "77",
-            "--seed",
-            "99",
-        ],
-    );
+    append(&lake, 77, 99);
     assert_eq!(s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"].as_u64().unwrap(), before + 77);
     fixture(
         "write_rest_lake.py",
@@ -213,20 +207,7 @@ fn a_repeated_query_rechecks_each_table_with_one_conditional_load() {
         }
         assert_eq!(table_loads(&lake, "events", from), vec![unchanged; 3], "{fixture_args:?}");
 
-        fixture(
-            "write_rest_lake.py",
-            &[
-                "append",
-                "--uri",
-                &lake.catalog.url(),
-                "--token",
-                CATALOG_TOKEN,
-                "--rows",
-                "25",
-                "--seed",
-                "7",
-            ],
-        );
+        append(&lake, 25, 7);
         let from = log_lines(&lake);
         assert_eq!(s.rows(sql)[0]["n"].as_u64().unwrap(), before + 25, "{fixture_args:?}");
         // The check finds the new metadata location, then the table is loaded in full.
