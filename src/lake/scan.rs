@@ -116,7 +116,7 @@ pub async fn scan(
     if tasks.is_empty() {
         return Ok(Arc::new(EmptyExec::new(projected)));
     }
-    if has_evolved(table) || tasks.iter().any(|t| !t.deletes.is_empty()) {
+    if reads_by_field_id(table) || tasks.iter().any(|t| !t.deletes.is_empty()) {
         return iceberg_reader_scan(table, projected, tasks, state.config().target_partitions());
     }
     let factory = Arc::new(FileIoReaderFactory {
@@ -139,9 +139,8 @@ async fn plan_files(
     projected: &SchemaRef,
     filters: &[Expr],
 ) -> DFResult<Vec<FileScanTask>> {
-    // iceberg-rust 0.10.1 mis-prunes when a filter casts a column, and fails on f32
-    // literals: those filters are left to DataFusion, which applies every filter anyway.
-    let safe: Vec<Expr> = filters.iter().filter(|f| safe_for_iceberg(f, schema)).cloned().collect();
+    // Filters Iceberg would mis-prune by are left to DataFusion, which applies every filter.
+    let safe: Vec<Expr> = filters.iter().filter(|f| safe_for_iceberg(f, table, schema)).cloned().collect();
     let names: Vec<String> = projected.fields().iter().map(|f| f.name().clone()).collect();
     // Manifests are read MANIFEST_READS at a time (Iceberg's default is one per core, and a
     // remote store spends tens of milliseconds per read); their entries stay one per core.
@@ -226,20 +225,33 @@ fn may_match(schema: &SchemaRef, filters: &[Expr], files: &SnapshotFiles, state:
     pruned().ok().flatten().unwrap_or_else(|| vec![true; files.files.len()])
 }
 
-fn safe_for_iceberg(e: &Expr, schema: &SchemaRef) -> bool {
+/// Whether iceberg-rust 0.10.1 prunes correctly by `e`. It mis-prunes when a filter casts a
+/// column, fails on f32 literals, prunes older files by their bounds in a column's old type
+/// after a promotion (int to long: `id > 1` skipped files holding 2), and, as Iceberg's float
+/// bounds leave NaN out, skips files whose NaN would pass `d > 2`.
+fn safe_for_iceberg(e: &Expr, table: &Table, schema: &SchemaRef) -> bool {
     let risky = e
         .exists(|x| {
             Ok(match x {
                 Expr::Cast(_) | Expr::TryCast(_) | Expr::ScalarFunction(_) => true,
-                Expr::Column(c) => schema
-                    .field_with_name(&c.name)
-                    .map(|f| matches!(f.data_type(), DataType::Float32 | DataType::Float16))
-                    .unwrap_or(true),
+                Expr::Column(c) => {
+                    schema.field_with_name(&c.name).map(|f| f.data_type().is_floating()).unwrap_or(true)
+                        || was_promoted(table, &c.name)
+                }
                 _ => false,
             })
         })
         .unwrap_or(true);
     !risky
+}
+
+/// Whether column `name` had another type in any of the table's schemas.
+fn was_promoted(table: &Table, name: &str) -> bool {
+    let Some(field) = table.metadata().current_schema().field_by_name(name) else { return true };
+    table
+        .metadata()
+        .schemas_iter()
+        .any(|s| s.field_by_id(field.id).is_some_and(|old| old.field_type != field.field_type))
 }
 
 /// The current snapshot's files from skiff's own manifests, which plan every scan except of
@@ -250,16 +262,24 @@ pub(super) async fn manifest_files(
     schema: &SchemaRef,
     caches: &Arc<Caches>,
 ) -> iceberg::Result<Option<Arc<file_stats::SnapshotFiles>>> {
-    if has_evolved(table) {
+    if reads_by_field_id(table) {
         return Ok(None);
     }
     file_stats::snapshot_files(table, schema, caches).await.map(Some)
 }
 
 /// DataFusion's Parquet scan reads columns by name, which is only right while the table's
-/// columns have never been renamed or re-typed; after any schema change Iceberg reads by id.
-fn has_evolved(table: &Table) -> bool {
-    table.metadata().schemas_iter().len() > 1
+/// columns have never been renamed or re-typed, and while the files name them as Iceberg does:
+/// PyIceberg and Java's Iceberg write a name Avro would not accept under another name in
+/// Parquet (`$browser` as `_x24browser`). Otherwise Iceberg's reader reads by field id.
+fn reads_by_field_id(table: &Table) -> bool {
+    let avro_name = |n: &str| {
+        n.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    let metadata = table.metadata();
+    metadata.schemas_iter().len() > 1
+        || metadata.current_schema().field_id_to_fields().values().any(|f| !avro_name(&f.name))
 }
 
 /// What opening a file costs, in bytes read: locally about the time to decode 256 KiB; on
@@ -330,6 +350,14 @@ impl ParquetScan<'_> {
         if self.row_filter {
             options.global.pushdown_filters = true;
             options.global.reorder_filters = true;
+        }
+        // Parquet's float statistics leave NaN out, yet NaN is above every number to
+        // DataFusion: pruning row groups or pages by them would drop NaN rows that `d > 2`
+        // (or a top-k on `d`) keeps. Files are still pruned by their manifest bounds.
+        let read = |i: &usize| schema.field(*i).data_type().is_floating();
+        if projection.map_or_else(|| (0..schema.fields().len()).any(|i| read(&i)), |p| p.iter().any(read)) {
+            options.global.pruning = false;
+            options.global.enable_page_index = false;
         }
         let source = ParquetSource::new(schema.clone())
             .with_table_parquet_options(options)
