@@ -30,13 +30,16 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let cli = if args.len() == 1 { Cli::parse_from(["skiff", "serve"]) } else { Cli::parse() };
     init_tracing();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("skiff: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    // Planning recurses over the query's tree: 8 MiB (tokio's default is 2) leaves room for
+    // the deepest query `engine::limits::MAX_NESTING` lets through.
+    let runtime =
+        match tokio::runtime::Builder::new_multi_thread().enable_all().thread_stack_size(8 << 20).build() {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("skiff: cannot start the runtime: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
     let result = runtime.block_on(async {
         match cli.command.expect("serve is the default") {
             Command::Serve(cfg) => serve(*cfg).await,

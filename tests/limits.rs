@@ -166,3 +166,61 @@ fn limits_are_validated_at_start() {
         assert!(err.contains(flag.trim_start_matches('-')) || err.contains(value), "{err}");
     }
 }
+
+#[test]
+fn a_deeply_nested_query_is_refused_and_the_server_lives() {
+    let (_d, s) = serve(&[]);
+    // 2,000 terms (4 KB) overflowed a thread's stack and aborted the process; 100,000 is
+    // what 200 KB of SQL can nest.
+    for n in [2_000, 100_000] {
+        let sql = format!("SELECT {} AS x", vec!["1"; n].join("+"));
+        let (code, msg) = s.error(&sql, 400);
+        assert_eq!(code, "bad_request", "{msg}");
+        assert!(msg.contains("nests expressions more than 1000 deep"), "{msg}");
+    }
+    let unions = vec!["SELECT 1 AS x"; 1_500].join(" UNION ALL ");
+    let (_, msg) = s.error(&unions, 400);
+    assert!(msg.contains("nests set operations"), "{msg}");
+    // Just under the limit plans and answers.
+    let sql = format!("SELECT {} AS x", vec!["1"; 900].join("+"));
+    assert_eq!(s.rows(&sql)[0]["x"], 900);
+}
+
+#[test]
+fn a_cpu_bound_query_does_not_hold_up_health_checks_timers_or_the_queue() {
+    let (_d, s) = serve_events(
+        20_000,
+        &["--query-timeout", "3s", "--max-concurrent-queries", "1", "--queue-timeout", "1s"],
+    );
+    // A join of 20k x 20k rows: tens of seconds of CPU unless cancelled.
+    let heavy = "SELECT count(*) AS n FROM glass.events a, glass.events b WHERE a.event_id < b.event_id";
+    let started = Instant::now();
+    let base = s.base.clone();
+    let running = std::thread::spawn(move || {
+        let r = client()
+            .post(format!("{base}/query"))
+            .bearer_auth(TOKEN)
+            .json(&json!({ "query": heavy }))
+            .send()
+            .unwrap();
+        (r.status().as_u16(), started.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    // Generous bounds for a loaded machine: before the query runtime of its own, health
+    // checks took 2.5–7.4 s, the queue's 429 came after 15 s and the 504 after 7–23 s.
+    for _ in 0..3 {
+        let t = Instant::now();
+        let r = client().get(format!("{}/_health", s.base)).send().unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(t.elapsed() < Duration::from_millis(1500), "/_health took {:?}", t.elapsed());
+    }
+    let t = Instant::now();
+    let (code, _) = s.error("SELECT 2 AS two", 429);
+    assert_eq!(code, "overloaded");
+    assert!(t.elapsed() < Duration::from_secs(3), "the 429 took {:?}", t.elapsed());
+    let (status, took) = running.join().unwrap();
+    assert_eq!(status, 504);
+    assert!(took < Duration::from_secs(6), "the 504 took {took:?}");
+    // The cancelled query gives its slot back.
+    assert_eq!(s.rows("SELECT 1 AS one")[0]["one"], 1);
+}

@@ -1,7 +1,9 @@
 //! What keeps one query, or many, from taking the server down: admission (at most N
 //! running, M waiting, each waiting at most T), a deadline over the whole life of a query,
-//! the memory pool's size, and what a batch held in memory is counted as.
+//! the memory pool's size, how deeply a query may nest, and what a batch held in memory is
+//! counted as.
 
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,6 +16,8 @@ use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::physical_plan::{RecordBatchStream, SendableRecordBatchStream};
+use datafusion::sql::parser::Statement;
+use datafusion::sql::sqlparser::ast::{Expr, Query, SetExpr, Visit, Visitor};
 use futures::{FutureExt, Stream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
@@ -245,6 +249,66 @@ pub fn compact_views(batch: RecordBatch) -> DFResult<RecordBatch> {
         return Ok(batch);
     }
     Ok(RecordBatch::try_new(batch.schema(), columns)?)
+}
+
+/// How deeply expressions and set operations may nest. The parser reads `a OR b OR …` and
+/// `1 + 1 + …` in a loop, but the tree it builds is as deep as the chain is long, and
+/// DataFusion plans it recursively: 2,000 terms (4 KB of SQL) overflowed a thread's stack and
+/// aborted the process, and planning time grows with the square of the depth.
+pub const MAX_NESTING: usize = 1000;
+
+/// Refuses a statement nested deeper than [`MAX_NESTING`], before DataFusion plans it.
+pub fn check_nesting(statement: &Statement) -> Result<(), SkiffError> {
+    let statement = match statement {
+        Statement::Statement(s) => s.as_ref(),
+        Statement::Explain(e) => return check_nesting(&e.statement),
+        _ => return Ok(()),
+    };
+    let mut depth = Depth { now: 0 };
+    match statement.visit(&mut depth) {
+        ControlFlow::Continue(()) => Ok(()),
+        ControlFlow::Break(what) => Err(SkiffError::BadRequest(format!(
+            "the query nests {what} more than {MAX_NESTING} deep; write a long list of \
+             alternatives as `x IN (…)`"
+        ))),
+    }
+}
+
+/// Counts nesting on the way down and stops at the limit, so the walk itself stays shallow.
+struct Depth {
+    now: usize,
+}
+
+impl Visitor for Depth {
+    type Break = &'static str;
+
+    fn pre_visit_expr(&mut self, _: &Expr) -> ControlFlow<Self::Break> {
+        self.now += 1;
+        if self.now > MAX_NESTING { ControlFlow::Break("expressions") } else { ControlFlow::Continue(()) }
+    }
+
+    fn post_visit_expr(&mut self, _: &Expr) -> ControlFlow<Self::Break> {
+        self.now -= 1;
+        ControlFlow::Continue(())
+    }
+
+    fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<Self::Break> {
+        if set_depth(&query.body, MAX_NESTING) > MAX_NESTING {
+            return ControlFlow::Break("set operations (UNION, INTERSECT, EXCEPT)");
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// The depth of a chain of set operations, counted no further than `budget` + 1.
+fn set_depth(e: &SetExpr, budget: usize) -> usize {
+    match e {
+        SetExpr::SetOperation { left, right, .. } if budget > 0 => {
+            1 + set_depth(left, budget - 1).max(set_depth(right, budget - 1))
+        }
+        SetExpr::SetOperation { .. } => 1,
+        _ => 0,
+    }
 }
 
 #[cfg(test)]

@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use arrow::array::{RecordBatch, RecordBatchOptions};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
+use arrow::datatypes::{DataType, Field, FieldRef, Schema, SchemaRef};
 use datafusion::catalog::CatalogProvider;
 use datafusion::common::{ParamValues, ScalarValue};
 use datafusion::execution::SessionStateBuilder;
@@ -57,6 +57,8 @@ pub struct Engine {
     draining: AtomicBool,
     /// Cancelled when the shutdown grace period ends: every query still running fails.
     shutdown: CancellationToken,
+    /// Where queries execute (see [`execute_on`]).
+    runtime: QueryRuntime,
 }
 
 /// The engine's limits (see `config` for each one's meaning and default).
@@ -92,18 +94,31 @@ fn name_open_files(
 }
 
 /// The schema of a response: string views (how the lake's strings are read, see
-/// `lake::scan::arrow_schema`) become `Utf8`, so every front end answers strings as Basin SQL
-/// types them and clients without view types can read them.
+/// `lake::scan::arrow_schema`) become `Utf8`, inside lists, structs and maps too, so every
+/// front end answers strings as Basin SQL types them and clients without view types can read
+/// them.
 pub fn response_schema(schema: &Schema) -> SchemaRef {
     let fields: Vec<Field> = schema
         .fields()
         .iter()
-        .map(|f| match f.data_type() {
-            DataType::Utf8View => f.as_ref().clone().with_data_type(DataType::Utf8),
-            _ => f.as_ref().clone(),
-        })
+        .map(|f| f.as_ref().clone().with_data_type(plain_type(f.data_type())))
         .collect();
     Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+/// `t` with every string view in it a `Utf8`.
+fn plain_type(t: &DataType) -> DataType {
+    let field = |f: &FieldRef| Arc::new(f.as_ref().clone().with_data_type(plain_type(f.data_type())));
+    match t {
+        DataType::Utf8View => DataType::Utf8,
+        DataType::List(f) => DataType::List(field(f)),
+        DataType::LargeList(f) => DataType::LargeList(field(f)),
+        DataType::FixedSizeList(f, n) => DataType::FixedSizeList(field(f), *n),
+        DataType::Struct(fs) => DataType::Struct(fs.iter().map(field).collect()),
+        DataType::Map(f, sorted) => DataType::Map(field(f), *sorted),
+        DataType::Dictionary(k, v) => DataType::Dictionary(k.clone(), Box::new(plain_type(v))),
+        other => other.clone(),
+    }
 }
 
 /// A batch in its response schema (see [`response_schema`]). The copy is of the answer only,
@@ -112,14 +127,15 @@ fn plain_strings(
     batch: RecordBatch,
     schema: &SchemaRef,
 ) -> std::result::Result<RecordBatch, datafusion::error::DataFusionError> {
-    if batch.schema().fields().iter().all(|f| f.data_type() != &DataType::Utf8View) {
+    let same = |(c, f): (&ArrayRef, &FieldRef)| c.data_type() == f.data_type();
+    if batch.columns().iter().zip(schema.fields()).all(same) {
         return Ok(batch);
     }
     let columns = batch
         .columns()
         .iter()
         .zip(schema.fields())
-        .map(|(c, f)| arrow::compute::cast(c, f.data_type()))
+        .map(|(c, f)| if same((c, f)) { Ok(c.clone()) } else { arrow::compute::cast(c, f.data_type()) })
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let opts = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
     Ok(RecordBatch::try_new_with_options(schema.clone(), columns, &opts)?)
@@ -161,6 +177,10 @@ impl Engine {
         // The lake scan makes its own file groups (balanced by bytes and file count, newest
         // first, more of them on a remote store); DataFusion re-splitting them would undo that.
         opts.optimizer.repartition_file_scans = false;
+        // DataFusion 53's dynamic filter for min/max ORs the bounds found so far, so a row
+        // that holds one aggregate's value but NULL in another's column can be filtered out
+        // before that other bound is found: `max(c), min(b)` answered NULL. Off for answers.
+        opts.optimizer.enable_aggregate_dynamic_filter_pushdown = false;
         for (key, value) in &tuning.datafusion_options {
             opts.set(key, value)
                 .map_err(|e| SkiffError::BadRequest(format!("--datafusion-option {key}={value}: {e}")))?;
@@ -209,6 +229,7 @@ impl Engine {
             results: ResultCache::new(tuning.result_cache_bytes).map(Arc::new),
             draining: AtomicBool::new(false),
             shutdown: CancellationToken::new(),
+            runtime: QueryRuntime::new()?,
         })
     }
 
@@ -330,7 +351,10 @@ impl Engine {
         let numbered = dialect::number_placeholders(sql);
         let sql = numbered.as_deref().unwrap_or(sql);
         let rewritten = dialect::rewrite(sql);
-        let plan = state.create_logical_plan(rewritten.as_deref().unwrap_or(sql)).await?;
+        let parser_dialect = state.config().options().sql_parser.dialect;
+        let statement = state.sql_to_statement(rewritten.as_deref().unwrap_or(sql), &parser_dialect)?;
+        limits::check_nesting(&statement)?;
+        let plan = state.statement_to_plan(statement).await?;
         readonly::check(&plan)?;
         Ok(plan)
     }
@@ -363,8 +387,7 @@ impl Engine {
         let schema = response_schema(df.schema().as_arrow());
         let open = stats.clone();
         let out = schema.clone();
-        let lazy = futures::stream::once(df.execute_stream())
-            .try_flatten()
+        let lazy = execute_on(self.runtime.handle(), df)
             .map_err(move |e| name_open_files(e, &open))
             .and_then(move |b| futures::future::ready(plain_strings(b, &out)));
         let mut stream: SendableRecordBatchStream =
@@ -374,6 +397,86 @@ impl Engine {
         }
         Ok(Query { schema, stream, stats, fingerprint })
     }
+}
+
+/// A runtime of its own for executing queries. On the runtime that serves requests, a
+/// CPU-bound query (a large join) kept health checks waiting for seconds and let timeouts,
+/// the admission queue's 429s and shutdown fire 5–20 s late: their timers only run when a
+/// worker is free to poll them.
+struct QueryRuntime(Option<tokio::runtime::Runtime>);
+
+impl QueryRuntime {
+    fn new() -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .thread_name("skiff-query")
+            // Physical planning and execution recurse over the plan, as planning does.
+            .thread_stack_size(8 << 20)
+            .enable_all()
+            .build()
+            .map_err(|e| SkiffError::Internal(format!("starting the query runtime: {e}")))?;
+        Ok(Self(Some(runtime)))
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.0.as_ref().expect("the runtime lives as long as the engine").handle()
+    }
+}
+
+impl Drop for QueryRuntime {
+    /// Dropped inside the serving runtime, which must not block on it.
+    fn drop(&mut self) {
+        if let Some(r) = self.0.take() {
+            r.shutdown_background();
+        }
+    }
+}
+
+/// Executes `df` on `runtime`, from its first poll (so "not modified" still executes
+/// nothing), and hands its batches over: the caller only waits for them. When the caller
+/// drops the stream the query stops, and a query that panics ends in an error, never in
+/// what would look like a complete answer.
+fn execute_on(
+    runtime: &tokio::runtime::Handle,
+    df: DataFrame,
+) -> impl futures::Stream<Item = datafusion::error::Result<RecordBatch>> + Send + 'static {
+    use datafusion::error::DataFusionError;
+    use futures::StreamExt;
+    let runtime = runtime.clone();
+    futures::stream::once(async move {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let task = runtime.spawn(async move {
+            let mut batches = match df.execute_stream().await {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            loop {
+                let next = tokio::select! {
+                    _ = tx.closed() => return,
+                    next = batches.next() => next,
+                };
+                let Some(item) = next else { return };
+                if tx.send(item).await.is_err() {
+                    return;
+                }
+            }
+        });
+        futures::stream::unfold((rx, Some(task)), |(mut rx, task)| async move {
+            if let Some(item) = rx.recv().await {
+                return Some((item, (rx, task)));
+            }
+            // The sender is gone: a clean end, unless the task panicked.
+            match task?.await {
+                Err(e) if e.is_panic() => {
+                    Some((Err(DataFusionError::Internal("the query panicked".into())), (rx, None)))
+                }
+                _ => None,
+            }
+        })
+    })
+    .flatten()
 }
 
 /// For tests: a query's answer and its EXPLAIN, each printed as a table.

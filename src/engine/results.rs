@@ -4,6 +4,7 @@
 //! ever invalidated: a new snapshot makes a new fingerprint. The fingerprint is also the HTTP
 //! `ETag`, so a client holding an answer can be told "not modified" without any execution.
 
+use std::hash::{Hash, Hasher};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -63,17 +64,20 @@ pub fn fingerprint(plan: &LogicalPlan) -> Option<String> {
                 None => deterministic = false,
             }
         }
-        if node.expressions().iter().any(is_volatile) {
+        // EXPLAIN ANALYZE answers with this run's timings.
+        if matches!(node, LogicalPlan::Analyze(_)) || node.expressions().iter().any(is_volatile) {
             deterministic = false;
         }
-        // Each node with its arity, in pre-order, determines the tree.
-        hash.update(format!("{}\n{}\n{}\n", node.display(), node.inputs().len(), node.schema()));
         Ok(if deterministic { TreeNodeRecursion::Continue } else { TreeNodeRecursion::Stop })
     })
     .ok()?;
     if !deterministic {
         return None;
     }
+    // The plan's own `Hash` covers every detail: each literal, every row of a VALUES list,
+    // EXPLAIN's options, DESCRIBE's table. Its display abbreviates them, so hashing that let
+    // two queries with different answers share a fingerprint.
+    plan.hash(&mut Sha(&mut hash));
     versions.sort();
     versions.dedup();
     for v in versions {
@@ -82,6 +86,19 @@ pub fn fingerprint(plan: &LogicalPlan) -> Option<String> {
     }
     let digest = hash.finalize();
     Some(digest.iter().take(16).map(|b| format!("{b:02x}")).collect())
+}
+
+/// Feeds a `Hash` implementation into SHA-256 (`finish` is never used).
+struct Sha<'a>(&'a mut Sha256);
+
+impl Hasher for Sha<'_> {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    fn finish(&self) -> u64 {
+        0
+    }
 }
 
 /// Whether an expression calls a function whose answer may differ between two calls with the
