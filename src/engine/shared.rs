@@ -7,7 +7,11 @@
 //!   parents, so the optimiser plans every copy alike;
 //! - the physical planner turns each copy into a `SharedExec` over one shared state: the first
 //!   consumer of a partition materialises it, the others replay the kept batches, and the
-//!   last one frees them.
+//!   last one frees them. The physical optimiser must then leave every copy alike too:
+//!   `SharedExec` takes no sort from its parent (DataFusion pushes a sort below nodes that
+//!   keep their input's order, which put a `SortExec` in one copy only, and a window then
+//!   read the other copy's unsorted rows), and copies that still end up planned differently
+//!   share nothing with each other.
 //!
 //! A subquery whose output does not fit in a quarter of the memory pool is not kept: each
 //! consumer then computes it on its own, as without sharing. No consumer's dynamic filter
@@ -36,7 +40,7 @@ use datafusion::logical_expr::{
 use datafusion::optimizer::AnalyzerRule;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream, displayable,
 };
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 use futures::{StreamExt, TryStreamExt};
@@ -247,16 +251,18 @@ enum Kept {
 }
 
 /// One shared subtree's output: each partition computed once, kept until its last consumer
-/// has read it. Partitions are keyed by the copy's partition count too: should a later rule
-/// plan one copy differently, its partitions hold other rows and are never mixed up.
+/// has read it. Partitions are keyed by the copy's plan (`SharedExec::plan`): should a later
+/// rule plan one copy differently, its rows may differ (in order, or in partitioning) and
+/// are never mixed up with the others' (that copy's kept batches then wait for the query's
+/// end to be freed, as its cells never see every consumer).
 struct SharedState {
     consumers: usize,
-    cells: Mutex<HashMap<(usize, usize), Arc<Cell>>>,
-    /// The copy that computes every partition (per partition count): the first to run one.
-    /// A partition of a subtree with an exchange in it (a hash repartition under a grouping)
-    /// needs every input partition; were partitions computed in different copies, each copy
-    /// would run the whole exchange (the funnel read its `e` twice).
-    owners: Mutex<HashMap<usize, Arc<dyn ExecutionPlan>>>,
+    cells: Mutex<HashMap<(u64, usize), Arc<Cell>>>,
+    /// The copy that computes every partition (per plan): the first to run one. A partition
+    /// of a subtree with an exchange in it (a hash repartition under a grouping) needs every
+    /// input partition; were partitions computed in different copies, each copy would run
+    /// the whole exchange (the funnel read its `e` twice).
+    owners: Mutex<HashMap<u64, Arc<dyn ExecutionPlan>>>,
 }
 
 struct Cell {
@@ -270,14 +276,14 @@ impl SharedState {
         Self { consumers, cells: Mutex::default(), owners: Mutex::default() }
     }
 
-    fn owner(&self, partitions: usize, input: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
-        self.owners.lock().expect("owners").entry(partitions).or_insert_with(|| input.clone()).clone()
+    fn owner(&self, plan: u64, input: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+        self.owners.lock().expect("owners").entry(plan).or_insert_with(|| input.clone()).clone()
     }
 
-    fn cell(&self, partitions: usize, p: usize) -> Arc<Cell> {
+    fn cell(&self, plan: u64, p: usize) -> Arc<Cell> {
         let mut cells = self.cells.lock().expect("cells");
         cells
-            .entry((partitions, p))
+            .entry((plan, p))
             .or_insert_with(|| {
                 Arc::new(Cell {
                     kept: OnceCell::new(),
@@ -334,12 +340,18 @@ pub struct SharedExec {
     input: Arc<dyn ExecutionPlan>,
     state: Arc<SharedState>,
     properties: Arc<PlanProperties>,
+    /// The copy's plan as EXPLAIN shows it, with its partition count, hashed: copies share
+    /// their partitions only when these are equal.
+    plan: u64,
 }
 
 impl SharedExec {
     fn new(input: Arc<dyn ExecutionPlan>, state: Arc<SharedState>) -> Self {
         let properties = Arc::new(PlanProperties::clone(input.properties()));
-        Self { input, state, properties }
+        let mut hasher = std::hash::DefaultHasher::new();
+        displayable(input.as_ref()).indent(false).to_string().hash(&mut hasher);
+        properties.partitioning.partition_count().hash(&mut hasher);
+        Self { input, state, properties, plan: hasher.finish() }
     }
 }
 
@@ -376,12 +388,14 @@ impl ExecutionPlan for SharedExec {
         vec![&self.input]
     }
 
+    /// Its output keeps the subtree's order, but it tells the optimiser it does not, so no
+    /// sort (or order-preserving variant) is pushed into one copy for its consumer's sake.
     fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
+        vec![false]
     }
 
     /// Later rules may rebuild the subtree at each of its places; every copy keeps the same
-    /// state, so whichever runs first computes for all.
+    /// state, so whichever runs first computes for all the copies planned alike.
     fn with_new_children(
         self: Arc<Self>,
         mut children: Vec<Arc<dyn ExecutionPlan>>,
@@ -398,9 +412,8 @@ impl ExecutionPlan for SharedExec {
     }
 
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let partitions = self.properties.partitioning.partition_count();
-        let cell = self.state.cell(partitions, partition);
-        let owner = self.state.owner(partitions, &self.input);
+        let cell = self.state.cell(self.plan, partition);
+        let owner = self.state.owner(self.plan, &self.input);
         // Should this consumer compute a partition for itself after all, it runs its own copy.
         let input = self.input.clone();
         let batches = futures::stream::once(async move {
@@ -463,7 +476,7 @@ mod tests {
         let (state, first, second) = copies(1000);
         let ctx = task(64 << 20);
         assert_eq!(rows(&first, &ctx).await, 1000);
-        assert!(matches!(state.cell(1, 0).kept.get(), Some(Kept::Batches(_))));
+        assert!(matches!(state.cell(first.plan, 0).kept.get(), Some(Kept::Batches(_))));
         assert!(ctx.memory_pool().reserved() > 0, "kept within the pool");
         assert_eq!(rows(&second, &ctx).await, 1000, "replayed, not computed again");
         assert_eq!(ctx.memory_pool().reserved(), 0, "freed by the last consumer");
@@ -490,11 +503,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn copies_planned_differently_share_nothing() {
+        let state = Arc::new(SharedState::new(2));
+        let sorted: Arc<dyn ExecutionPlan> = Arc::new(datafusion::physical_plan::sorts::sort::SortExec::new(
+            [datafusion::physical_expr::PhysicalSortExpr::new_default(Arc::new(
+                datafusion::physical_expr::expressions::Column::new("n", 0),
+            ))]
+            .into(),
+            input(5),
+        ));
+        let (plain, sorted) = (SharedExec::new(input(1000), state.clone()), SharedExec::new(sorted, state));
+        let ctx = task(64 << 20);
+        assert_eq!(rows(&plain, &ctx).await, 1000);
+        assert_eq!(rows(&sorted, &ctx).await, 5, "its own rows, not the other copy's");
+    }
+
+    #[tokio::test]
     async fn a_subquery_too_large_to_keep_is_computed_by_each_consumer() {
         let (state, first, second) = copies(100_000);
         let ctx = task(64 << 10);
         assert_eq!(rows(&first, &ctx).await, 100_000);
-        assert!(matches!(state.cell(1, 0).kept.get(), Some(Kept::TooLarge)));
+        assert!(matches!(state.cell(first.plan, 0).kept.get(), Some(Kept::TooLarge)));
         assert_eq!(rows(&second, &ctx).await, 5, "computed on its own");
         assert_eq!(ctx.memory_pool().reserved(), 0);
     }

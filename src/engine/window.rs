@@ -22,7 +22,7 @@ use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::expressions::Literal;
-use datafusion::physical_expr::window::{StandardWindowExpr, WindowExpr};
+use datafusion::physical_expr::window::{StandardWindowExpr, StandardWindowFunctionExpr, WindowExpr};
 use datafusion::physical_expr::{Distribution, OrderingRequirements, PhysicalExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -92,9 +92,8 @@ impl Shift {
         let standard = e.as_any().downcast_ref::<StandardWindowExpr>()?;
         let udf = standard.get_standard_func_expr().as_any().downcast_ref::<WindowUDFExpr>()?;
         let name = udf.fun().name();
-        // A reversed expression (planned over input sorted the other way) is named for the
-        // function it came from; IGNORE NULLS skips rows. Both stay with DataFusion.
-        if !e.name().starts_with(&format!("{name}(")) || e.name().contains("IGNORE NULLS") {
+        // IGNORE NULLS skips rows: it stays with DataFusion.
+        if e.name().contains("IGNORE NULLS") {
             return None;
         }
         let literal = |i: usize| -> Option<Option<ScalarValue>> {
@@ -103,24 +102,29 @@ impl Shift {
                 Some(a) => Some(Some(a.as_any().downcast_ref::<Literal>()?.value().clone())),
             }
         };
-        let sign = match name {
+        match name {
             "row_number" if udf.args().is_empty() => return Some(Shift::RowNumber),
-            "lead" => 1,
-            "lag" => -1,
+            "lead" | "lag" => {}
             _ => return None,
-        };
+        }
         let value = udf.args().first()?.clone();
         let by = match literal(1)? {
             None => 1,
             Some(v) if v.is_null() => return None,
             Some(v) => i64::try_from(v.cast_to(&arrow::datatypes::DataType::Int64).ok()?).ok()?,
         };
+        // The direction comes from the evaluator DataFusion would run, not from the name: to
+        // share one sort with a window ordered the other way, DataFusion reverses `lag`/`lead`
+        // (reversed ORDER BY, same function and name, offset negated inside the evaluator).
+        // A causal shift looks back (`lag`, or a reversed `lead`), over this input's order.
+        let back = udf.create_evaluator().ok()?.is_causal();
+        let by = if back { -by.checked_abs()? } else { by.checked_abs()? };
         let field = e.field().ok()?;
         let default = match literal(2)? {
             None => ScalarValue::try_from(field.data_type()).ok()?,
             Some(v) => v.cast_to(field.data_type()).ok()?,
         };
-        Some(Shift::Neighbour { value, by: by.checked_mul(sign)?, default })
+        Some(Shift::Neighbour { value, by, default })
     }
 
     fn evaluate(&self, batch: &RecordBatch, partitions: &[std::ops::Range<usize>]) -> Result<ArrayRef> {
