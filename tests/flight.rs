@@ -9,12 +9,17 @@ use std::time::Duration;
 
 use arrow::array::{Array, AsArray, Int64Array, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use arrow::ipc::CompressionType;
+use arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
+use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use arrow_flight::sql::{
-    CommandGetDbSchemas, CommandGetSqlInfo, CommandGetTables, CommandStatementQuery, ProstMessageExt, SqlInfo,
+    ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult, CommandGetDbSchemas,
+    CommandGetSqlInfo, CommandGetTables, CommandPreparedStatementQuery, CommandStatementQuery,
+    DoPutPreparedStatementResult, ProstMessageExt, SqlInfo,
 };
-use arrow_flight::{Action, Criteria, FlightDescriptor, FlightInfo, HandshakeRequest, Ticket};
+use arrow_flight::{Action, Criteria, FlightData, FlightDescriptor, FlightInfo, HandshakeRequest, Ticket};
 use common::*;
 use futures::TryStreamExt;
 use prost::Message;
@@ -485,4 +490,377 @@ fn adbc_and_pyarrow_clients_agree_with_http() {
     assert_eq!(out["adbc_prepared"], 3, "{out}");
     assert_eq!(out["adbc_vendor"], "skiff", "{out}");
     assert!(out["adbc_tables"].as_u64().unwrap() >= 3, "{out}");
+}
+
+/// The status a call ended with, as `(code, message)`.
+fn status<T>(r: Result<T, tonic::Status>) -> (Code, String) {
+    match r {
+        Ok(_) => (Code::Ok, String::new()),
+        Err(s) => (s.code(), s.message().to_string()),
+    }
+}
+
+/// `CreatePreparedStatement`: the handle, or the status.
+async fn prepare_raw(
+    c: &mut FlightServiceClient<Channel>,
+    auth: &Option<String>,
+    sql: &str,
+) -> Result<bytes::Bytes, tonic::Status> {
+    let body = ActionCreatePreparedStatementRequest { query: sql.into(), transaction_id: None };
+    let action =
+        Action { r#type: "CreatePreparedStatement".into(), body: body.as_any().encode_to_vec().into() };
+    let mut results = c.do_action(req(action, auth)).await?.into_inner();
+    let any = arrow_flight::sql::Any::decode(results.message().await?.expect("a result").body).unwrap();
+    Ok(any.unpack::<ActionCreatePreparedStatementResult>().unwrap().unwrap().prepared_statement_handle)
+}
+
+/// Flight messages binding `batch` to `handle` (the first carries the command).
+async fn bind_messages(handle: &bytes::Bytes, batch: RecordBatch) -> Vec<FlightData> {
+    let cmd = CommandPreparedStatementQuery { prepared_statement_handle: handle.clone() };
+    FlightDataEncoderBuilder::new()
+        .with_flight_descriptor(Some(FlightDescriptor::new_cmd(cmd.as_any().encode_to_vec())))
+        .with_schema(batch.schema())
+        .build(futures::stream::iter([Ok(batch)]))
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+/// `DoPut` of parameter messages: the handle holding them, or the status.
+async fn bind_raw(
+    c: &mut FlightServiceClient<Channel>,
+    auth: &Option<String>,
+    data: Vec<FlightData>,
+) -> Result<bytes::Bytes, tonic::Status> {
+    let mut results = c.do_put(req(futures::stream::iter(data), auth)).await?.into_inner();
+    let put = results.message().await?.expect("a result");
+    Ok(DoPutPreparedStatementResult::decode(put.app_metadata).unwrap().prepared_statement_handle.unwrap())
+}
+
+/// The ticket that runs a prepared statement's handle.
+fn prepared_ticket(handle: &[u8]) -> Ticket {
+    let cmd = CommandPreparedStatementQuery { prepared_statement_handle: handle.to_vec().into() };
+    Ticket { ticket: cmd.as_any().encode_to_vec().into() }
+}
+
+/// A one-row batch of `Int64` parameters `$1`, `$2`, ...
+fn int_params(values: &[i64]) -> RecordBatch {
+    let fields: Vec<Field> =
+        (1..=values.len()).map(|i| Field::new(format!("${i}"), DataType::Int64, true)).collect();
+    let columns = values.iter().map(|v| Arc::new(Int64Array::from(vec![*v])) as _).collect();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+}
+
+/// `bytes` with every 8-byte window equal to `from` set, one at a time, to `to`.
+fn patched(bytes: &[u8], from: i64, to: i64) -> Vec<Vec<u8>> {
+    (0..bytes.len().saturating_sub(7))
+        .filter(|&i| bytes[i..i + 8] == from.to_le_bytes())
+        .map(|i| [&bytes[..i], &to.to_le_bytes()[..], &bytes[i + 8..]].concat())
+        .collect()
+}
+
+const TIB: i64 = 1 << 40;
+
+/// Handles come back from clients and may be forged. A size or offset in the parameters' IPC
+/// data claiming a terabyte once aborted the process (the reader allocated what the message
+/// claimed) or panicked the handler; now each is a bad handle, and the server carries on.
+#[test]
+fn forged_statement_handles_are_refused() {
+    let (_, s) = lake();
+    rt().block_on(async {
+        let (mut c, auth) = raw(s, Some(TOKEN)).await;
+        let handle = prepare_raw(&mut c, &auth, "SELECT $1 AS a").await.unwrap();
+        let bound = bind_raw(&mut c, &auth, bind_messages(&handle, int_params(&[7])).await).await.unwrap();
+        assert_eq!(do_get_code(&mut c, &auth, prepared_ticket(&bound)).await, Code::Ok);
+        // The parameters travel as an IPC stream after the SQL; its first bytes are the
+        // continuation marker. Every 8-byte 8 in it (the body's length, the value buffer's
+        // length) and every 0 (offsets) becomes a terabyte in turn.
+        let ipc = bound.windows(4).position(|w| w == [0xff; 4]).expect("an IPC stream");
+        let (prefix, stream) = bound.split_at(ipc);
+        let mut forged: Vec<Vec<u8>> = [patched(stream, 8, TIB), patched(stream, 0, TIB)].concat();
+        // A compressed stream whose buffer claims a terabyte once decompressed (`-1` marks a
+        // buffer stored as is; skiff never compresses its own).
+        let opts = IpcWriteOptions::default().try_with_compression(Some(CompressionType::LZ4_FRAME)).unwrap();
+        let mut lz4 = Vec::new();
+        let mut w = StreamWriter::try_new_with_options(&mut lz4, &int_params(&[7]).schema(), opts).unwrap();
+        w.write(&int_params(&[7])).unwrap();
+        w.finish().unwrap();
+        drop(w);
+        let compressed = patched(&lz4, -1, TIB);
+        assert!(!compressed.is_empty());
+        forged.extend(compressed);
+        let mut refused = 0;
+        for f in &forged {
+            let h = [prefix, f].concat();
+            let (code, message) = status(c.do_get(req(prepared_ticket(&h), &auth)).await);
+            // A patch may land where it changes nothing (padding, a count already checked).
+            if code != Code::Ok {
+                assert_eq!(
+                    (code, message.as_str()),
+                    (Code::InvalidArgument, "not a statement handle issued by skiff")
+                );
+                refused += 1;
+            }
+            let cmd = CommandPreparedStatementQuery { prepared_statement_handle: h.into() };
+            let d = FlightDescriptor::new_cmd(cmd.as_any().encode_to_vec());
+            assert_eq!(info_code(&mut c, &auth, d).await, code);
+        }
+        assert!(refused >= 3, "{refused} of {} forged handles refused", forged.len());
+        // Still serving, on the same connection.
+        assert_eq!(do_get_code(&mut c, &auth, prepared_ticket(&bound)).await, Code::Ok);
+    });
+}
+
+/// Parameter data a client sends that arrow cannot read is the client's error
+/// (InvalidArgument), never an internal one, a reset stream, or an aborted process.
+#[test]
+fn malformed_parameter_data_is_invalid_argument() {
+    let (_, s) = lake();
+    rt().block_on(async {
+        let (mut c, auth) = raw(s, Some(TOKEN)).await;
+        let handle = prepare_raw(&mut c, &auth, "SELECT $1 AS a").await.unwrap();
+        let good = bind_messages(&handle, int_params(&[7])).await;
+        assert_eq!(good.len(), 2, "a schema and a batch");
+
+        let mut garbage = good.clone();
+        garbage[1].data_header = b"not an IPC message at all".to_vec().into();
+        let (code, message) = status(bind_raw(&mut c, &auth, garbage).await);
+        assert_eq!(code, Code::InvalidArgument, "{message}");
+        assert!(message.starts_with("unreadable parameter data: "), "{message}");
+
+        // The value buffer's offset (0, before its length 8) pointing a terabyte away.
+        let header = &good[1].data_header;
+        let at = header.windows(16).position(|w| w[..8] == [0; 8] && w[8..] == 8i64.to_le_bytes()).unwrap();
+        let mut far = good.clone();
+        far[1].data_header = [&header[..at], &TIB.to_le_bytes()[..], &header[at + 8..]].concat().into();
+        let (code, message) = status(bind_raw(&mut c, &auth, far).await);
+        assert_eq!(
+            (code, message.as_str()),
+            (
+                Code::InvalidArgument,
+                "unreadable parameter data: Protocol error: a buffer lies outside the message body"
+            )
+        );
+
+        // Compressed, claiming a terabyte once decompressed.
+        let opts = IpcWriteOptions::default().try_with_compression(Some(CompressionType::LZ4_FRAME)).unwrap();
+        let cmd = CommandPreparedStatementQuery { prepared_statement_handle: handle.clone() };
+        let mut lz4: Vec<FlightData> = FlightDataEncoderBuilder::new()
+            .with_options(opts)
+            .with_flight_descriptor(Some(FlightDescriptor::new_cmd(cmd.as_any().encode_to_vec())))
+            .build(futures::stream::iter([Ok(int_params(&[7]))]))
+            .try_collect()
+            .await
+            .unwrap();
+        let body = patched(&lz4[1].data_body, -1, TIB).pop().expect("a buffer stored as is");
+        lz4[1].data_body = body.into();
+        let (code, message) = status(bind_raw(&mut c, &auth, lz4).await);
+        assert_eq!(
+            (code, message.as_str()),
+            (
+                Code::InvalidArgument,
+                "unreadable parameter data: Protocol error: compressed buffers are not accepted"
+            )
+        );
+
+        // Still serving: the good binding runs.
+        let bound = bind_raw(&mut c, &auth, good).await.unwrap();
+        assert_eq!(do_get_code(&mut c, &auth, prepared_ticket(&bound)).await, Code::Ok);
+    });
+}
+
+/// The schema `GetFlightInfo` (and a prepared statement) announces is the one `DoGet` sends,
+/// for the types the Flight encoder rewrites: a union (`json_get`), a dictionary, a LargeList,
+/// and a dictionary-encoded parameter. ADBC refuses a stream that differs ("inconsistent
+/// schema"); the fixture checks it through ADBC and PyArrow.
+#[test]
+fn announced_schemas_are_the_ones_sent() {
+    let (_, s) = lake();
+    rt().block_on(async {
+        let mut c = client(s).await;
+        for q in SCHEMA_QUERIES {
+            let info = c.execute(q.to_string(), None).await.unwrap_or_else(|e| panic!("{q}: {e}"));
+            let announced = info.clone().try_decode_schema().unwrap();
+            let got = fetch(&mut c, info).await;
+            assert_eq!(&announced, got[0].schema().as_ref(), "{q}");
+            let p = c.prepare(q.to_string(), None).await.unwrap();
+            assert_eq!(p.dataset_schema().unwrap(), &announced, "{q}");
+        }
+    });
+    let out = fixture(
+        "flight_clients.py",
+        &["--flight", &s.flight, "--http", &s.base, "--token", TOKEN, "--schemas"],
+    );
+    assert_eq!(out["adbc_schemas"], SCHEMA_QUERIES.len() + 1, "{out}");
+    assert_eq!(out["pyarrow_schemas"], SCHEMA_QUERIES.len(), "{out}");
+}
+
+/// Kept in step with `SCHEMA_QUERIES` in `tests/fixtures/flight_clients.py`.
+const SCHEMA_QUERIES: [&str; 3] = [
+    "SELECT json_get(props, 'q') AS j FROM glass.events WHERE props IS NOT NULL LIMIT 2",
+    "SELECT arrow_cast('a', 'Dictionary(Int32, Utf8)') AS d",
+    "SELECT arrow_cast([1, 2], 'LargeList(Int64)') AS l",
+];
+
+/// A `x-request-id` header on a raw request.
+fn with_id<T>(msg: T, auth: &Option<String>, id: &str) -> tonic::Request<T> {
+    let mut r = req(msg, auth);
+    r.metadata_mut().insert("x-request-id", id.parse().unwrap());
+    r
+}
+
+/// Queries that fail while planning (`GetFlightInfo`, `CreatePreparedStatement`) are logged
+/// and listed in `system.queries` like failed HTTP queries, with the same error code.
+#[test]
+fn planning_failures_are_logged() {
+    let (_, s) = lake();
+    rt().block_on(async {
+        let (mut c, auth) = raw(s, Some(TOKEN)).await;
+        let bad_column = "SELECT nope FROM glass.events";
+        let r = c.get_flight_info(with_id(statement(bad_column), &auth, "flight-plan-fail-1")).await;
+        assert_eq!(status(r).0, Code::InvalidArgument);
+        let body = ActionCreatePreparedStatementRequest {
+            query: "SELECT * FROM glass.nope".into(),
+            transaction_id: None,
+        };
+        let action =
+            Action { r#type: "CreatePreparedStatement".into(), body: body.as_any().encode_to_vec().into() };
+        assert_eq!(status(c.do_action(with_id(action, &auth, "flight-plan-fail-2")).await).0, Code::NotFound);
+        let handle = prepare_raw(&mut c, &auth, "SELECT $1 + 1 AS n").await.unwrap();
+        let words = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("$1", DataType::Utf8, true)])),
+            vec![Arc::new(StringArray::from(vec!["not a number"]))],
+        )
+        .unwrap();
+        let bound = bind_raw(&mut c, &auth, bind_messages(&handle, words).await).await.unwrap();
+        let cmd = CommandPreparedStatementQuery { prepared_statement_handle: bound };
+        let d = FlightDescriptor::new_cmd(cmd.as_any().encode_to_vec());
+        let (code, message) = status(c.get_flight_info(with_id(d, &auth, "flight-plan-fail-3")).await);
+        assert_ne!(code, Code::Ok);
+        let http_code = |q: &str| http(|| s.query(q)).1["error"]["code"].as_str().unwrap().to_string();
+        let want = [
+            ("flight-plan-fail-1", "flight:statement", http_code(bad_column)),
+            ("flight-plan-fail-2", "flight:prepared", http_code("SELECT * FROM glass.nope")),
+        ];
+        let listed = |id: &str| {
+            http(|| {
+                s.rows(&format!("SELECT route, state, error FROM system.queries WHERE request_id = '{id}'"))
+            })
+        };
+        for (id, route, state) in want {
+            let rows = listed(id);
+            assert_eq!(rows.len(), 1, "{id}: {rows:?}");
+            assert_eq!(
+                (rows[0]["route"].as_str(), rows[0]["state"].as_str()),
+                (Some(route), Some(state.as_str()))
+            );
+            let line = s.log_text().lines().find(|l| l.contains(id)).map(String::from);
+            let line = line.unwrap_or_else(|| panic!("no log line for {id}"));
+            assert!(line.contains(&format!("outcome=\"{state}\"")), "{line}");
+        }
+        let rows = listed("flight-plan-fail-3");
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0]["route"], "flight:prepared");
+        assert_eq!(rows[0]["error"].as_str(), Some(message.as_str()));
+    });
+}
+
+/// The `rows=` of the one query log line carrying `id`, once written.
+fn logged_rows(s: &Server, id: &str, outcome: &str) -> u64 {
+    eventually(10, || {
+        let log = s.log_text();
+        let line = log.lines().find(|l| l.contains(id) && l.contains(&format!("outcome=\"{outcome}\"")))?;
+        let rows = line.split_once(" rows=")?.1.split(' ').next()?;
+        Some(rows.parse().unwrap())
+    })
+}
+
+/// A query that ends early is logged with the rows it did send: at a client gone away, at
+/// least those the client read; at the byte cap, exactly those the client received.
+#[test]
+fn early_ends_log_the_rows_sent() {
+    let (dir, s) = lake();
+    rt().block_on(async {
+        let (mut c, auth) = raw(s, Some(TOKEN)).await;
+        let t = ticket_for("SELECT e.* FROM glass.events e, generate_series(1, 20) g", &mut c, &auth).await;
+        let mut stream = c.do_get(with_id(t, &auth, "flight-rows-cancel")).await.unwrap().into_inner();
+        let mut read = 0;
+        while read == 0 {
+            read += rows_of(&stream.message().await.unwrap().unwrap());
+        }
+        drop(stream);
+        drop(c);
+        let logged = logged_rows(s, "flight-rows-cancel", "cancelled");
+        assert!(logged >= read && read > 0, "logged {logged}, read {read}");
+    });
+
+    let s = Server::start(Opts {
+        args: [lake_args(dir.path()), vec!["--max-result-bytes".into(), "100000".into()]].concat(),
+        ..Default::default()
+    });
+    rt().block_on(async {
+        let (mut c, auth) = raw(&s, Some(TOKEN)).await;
+        let t = ticket_for("SELECT event_id FROM glass.events", &mut c, &auth).await;
+        let mut stream = c.do_get(with_id(t, &auth, "flight-rows-cap")).await.unwrap().into_inner();
+        let mut read = 0;
+        let end = loop {
+            match stream.message().await {
+                Ok(Some(fd)) => read += rows_of(&fd),
+                Ok(None) => panic!("the cap was not reached"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(end.code(), Code::ResourceExhausted, "{end}");
+        assert!(read > 0, "the cap cut the first batch; raise --max-result-bytes");
+        assert_eq!(logged_rows(&s, "flight-rows-cap", "result_too_large"), read);
+    });
+}
+
+/// Rows in a Flight message (0 for a schema).
+fn rows_of(fd: &FlightData) -> u64 {
+    let m = arrow::ipc::root_as_message(&fd.data_header).unwrap();
+    m.header_as_record_batch().map_or(0, |b| b.length() as u64)
+}
+
+/// `?` and `$n` in one statement are refused (the engine numbers `?` from 1, so
+/// `SELECT $1, ?` bound the first value twice), and a binding must have one value per
+/// placeholder (extra values were silently ignored).
+#[test]
+fn parameters_must_match_their_placeholders() {
+    let (_, s) = lake();
+    rt().block_on(async {
+        let (mut c, auth) = raw(s, Some(TOKEN)).await;
+        let mixed = "SELECT $1 AS a, ? AS b";
+        let refused = "the statement mixes `?` and `$n` placeholders; use one style or the other";
+        assert_eq!(status(prepare_raw(&mut c, &auth, mixed).await), (Code::InvalidArgument, refused.into()));
+        let r = c.get_flight_info(req(statement(mixed), &auth)).await;
+        assert_eq!(status(r), (Code::InvalidArgument, refused.into()));
+
+        let handle = prepare_raw(&mut c, &auth, "SELECT ? AS a").await.unwrap();
+        let (code, message) =
+            status(bind_raw(&mut c, &auth, bind_messages(&handle, int_params(&[1, 2])).await).await);
+        assert_eq!(
+            (code, message.as_str()),
+            (Code::InvalidArgument, "2 parameter value(s) bound to a statement that takes 1")
+        );
+        let handle = prepare_raw(&mut c, &auth, "SELECT ? AS a, ? AS b").await.unwrap();
+        let (code, message) =
+            status(bind_raw(&mut c, &auth, bind_messages(&handle, int_params(&[1])).await).await);
+        assert_eq!(
+            (code, message.as_str()),
+            (Code::InvalidArgument, "1 parameter value(s) bound to a statement that takes 2")
+        );
+
+        // Matching bindings run, `$n` by number.
+        let mut fc = client(s).await;
+        for (q, want) in [("SELECT ? AS a, ? AS b", [1, 2]), ("SELECT $2 AS a, $1 AS b", [2, 1])] {
+            let handle = prepare_raw(&mut c, &auth, q).await.unwrap();
+            let bound =
+                bind_raw(&mut c, &auth, bind_messages(&handle, int_params(&[1, 2])).await).await.unwrap();
+            let stream = fc.do_get(prepared_ticket(&bound)).await.unwrap();
+            let b = &stream.try_collect::<Vec<_>>().await.unwrap()[0];
+            let got = [0, 1].map(|i| b.column(i).as_primitive::<Int64Type>().value(0));
+            assert_eq!(got, want, "{q}");
+        }
+    });
 }

@@ -2,13 +2,16 @@
 //! ticket made from it), so the server holds nothing between calls, any replica can serve any
 //! call, and closing a prepared statement frees nothing because nothing was kept.
 
-use std::io::Cursor;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use arrow::ipc::reader::StreamReader;
+use arrow::buffer::Buffer;
+use arrow::ipc::reader::StreamDecoder;
 use arrow::ipc::writer::StreamWriter;
 use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
 use datafusion::common::ScalarValue;
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
 
 use crate::error::{Result, SkiffError};
 
@@ -23,16 +26,29 @@ pub struct Statement {
 }
 
 impl Statement {
-    pub fn new(sql: String) -> Self {
-        Self { sql, params: None }
+    /// Refuses SQL that mixes `?` and `$n` placeholders (see [`parameter_count`]).
+    pub fn new(sql: String) -> Result<Self> {
+        parameter_count(&sql)?;
+        Ok(Self { sql, params: None })
     }
 
     /// Binds parameter values. A prepared query runs once per execution, so exactly one row
-    /// is accepted; an empty batch clears the binding.
+    /// is accepted; an empty batch clears the binding. One value per placeholder: DataFusion
+    /// would ignore extra values, so a client's miscount would go unnoticed.
     pub fn bind(mut self, batch: RecordBatch) -> Result<Self> {
         match batch.num_rows() {
             0 => self.params = None,
-            1 => self.params = Some(batch),
+            1 => {
+                let got = batch.num_columns();
+                if let Some(want) = parameter_count(&self.sql)?
+                    && got != want
+                {
+                    return Err(SkiffError::BadRequest(format!(
+                        "{got} parameter value(s) bound to a statement that takes {want}"
+                    )));
+                }
+                self.params = Some(batch)
+            }
             n => {
                 return Err(SkiffError::BadRequest(format!(
                     "{n} parameter rows were bound; a query takes one row of parameter values"
@@ -65,21 +81,113 @@ impl Statement {
         Ok(out.into())
     }
 
+    /// Handles come back from clients, so any byte may be forged: every check of a fresh
+    /// statement and binding applies again, and no content can abort or panic the process.
     pub fn decode(handle: &[u8]) -> Result<Self> {
         let bad = || SkiffError::BadRequest("not a statement handle issued by skiff".into());
         let rest = handle.strip_prefix(MAGIC).ok_or_else(bad)?;
         let len = u32::from_le_bytes(rest.get(..4).ok_or_else(bad)?.try_into().map_err(|_| bad())?) as usize;
         let sql = rest.get(4..4 + len).ok_or_else(bad)?;
-        let sql = String::from_utf8(sql.to_vec()).map_err(|_| bad())?;
+        let stmt = Self::new(String::from_utf8(sql.to_vec()).map_err(|_| bad())?)?;
         let tail = &rest[4 + len..];
-        let params = if tail.is_empty() {
-            None
-        } else {
-            let mut r = StreamReader::try_new(Cursor::new(tail), None).map_err(|_| bad())?;
-            Some(r.next().ok_or_else(bad)?.map_err(|_| bad())?)
-        };
-        Ok(Self { sql, params })
+        if tail.is_empty() {
+            return Ok(stmt);
+        }
+        // Arrow's readers panic on buffers that point outside the body; nothing here is shared
+        // state, so a caught panic is just one more unreadable handle.
+        let batch = catch_unwind(AssertUnwindSafe(|| one_batch(tail))).ok().flatten().ok_or_else(bad)?;
+        stmt.bind(batch)
     }
+}
+
+/// The one record batch of an IPC stream, or `None`. `StreamDecoder` reads only the bytes
+/// that are there (a `StreamReader` allocates the body length a message claims, before
+/// reading it: a forged length of a terabyte aborts the process).
+fn one_batch(stream: &[u8]) -> Option<RecordBatch> {
+    if !plain_stream(stream) {
+        return None;
+    }
+    let mut buf = Buffer::from(stream);
+    let mut decoder = StreamDecoder::new();
+    let mut batches = Vec::new();
+    while !buf.is_empty() {
+        batches.extend(decoder.decode(&mut buf).ok()?);
+    }
+    decoder.finish().ok()?;
+    (batches.len() == 1).then(|| batches.pop()).flatten()
+}
+
+/// Whether an IPC stream's messages are framed within it and each passes [`check_message`].
+fn plain_stream(mut rest: &[u8]) -> bool {
+    loop {
+        rest = rest.strip_prefix(&[0xff; 4]).unwrap_or(rest);
+        let Some((len, after)) = rest.split_first_chunk::<4>() else { return rest.is_empty() };
+        let len = u32::from_le_bytes(*len) as usize;
+        if len == 0 {
+            return true;
+        }
+        let Some(message) = after.get(..len).and_then(|h| arrow::ipc::root_as_message(h).ok()) else {
+            return false;
+        };
+        let body = usize::try_from(message.bodyLength()).ok();
+        match body.filter(|&b| check_message(&message, b).is_ok()).and_then(|b| after.get(len..)?.get(b..)) {
+            Some(next) => rest = next,
+            None => return false,
+        }
+    }
+}
+
+/// Checks a client's IPC message before arrow decodes it, whose `body_len` bytes follow:
+/// - no compression: each compressed buffer states its decompressed size and arrow allocates
+///   that before decompressing, so one forged number aborts the process. Handles are never
+///   compressed, and parameter values are one small row.
+/// - every buffer within the body: arrow panics on one outside it (the panic is caught
+///   anyway, but a check costs less than a panic and its backtrace in the log).
+pub fn check_message(message: &arrow::ipc::Message, body_len: usize) -> Result<(), &'static str> {
+    let Some(batch) =
+        message.header_as_record_batch().or_else(|| message.header_as_dictionary_batch()?.data())
+    else {
+        return Ok(());
+    };
+    if batch.compression().is_some() {
+        return Err("compressed buffers are not accepted");
+    }
+    let within = |b: &arrow::ipc::Buffer| {
+        let (offset, len) = (u64::try_from(b.offset()), u64::try_from(b.length()));
+        matches!((offset, len), (Ok(o), Ok(l)) if o.checked_add(l).is_some_and(|end| end <= body_len as u64))
+    };
+    match batch.buffers().is_none_or(|bs| bs.iter().all(within)) {
+        true => Ok(()),
+        false => Err("a buffer lies outside the message body"),
+    }
+}
+
+/// How many values a statement takes: one per `?` (the engine numbers them `$1`, `$2`, ...),
+/// else the highest `$n`. `None` when the text does not tokenize or names a placeholder
+/// (`$name`): the planner has the last word then. Mixing the styles is refused, as the
+/// engine numbers `?` from 1 and `SELECT $1, ?` would bind the first value twice.
+fn parameter_count(sql: &str) -> Result<Option<usize>> {
+    if !sql.contains(['?', '$']) {
+        return Ok(Some(0));
+    }
+    let Ok(tokens) = Tokenizer::new(&GenericDialect {}, sql).tokenize() else { return Ok(None) };
+    let (mut marks, mut highest) = (0, 0);
+    for t in tokens {
+        match t {
+            Token::Placeholder(p) if p == "?" => marks += 1,
+            Token::Placeholder(p) => match p.strip_prefix('$').and_then(|n| n.parse::<usize>().ok()) {
+                Some(n) => highest = highest.max(n),
+                None => return Ok(None),
+            },
+            _ => {}
+        }
+    }
+    if marks > 0 && highest > 0 {
+        return Err(SkiffError::BadRequest(
+            "the statement mixes `?` and `$n` placeholders; use one style or the other".into(),
+        ));
+    }
+    Ok(Some(marks.max(highest)))
 }
 
 #[cfg(test)]
@@ -102,11 +210,26 @@ mod tests {
             vec![Arc::new(StringArray::from(vec!["pageview"])), Arc::new(Int64Array::from(vec![7]))],
         )
         .unwrap();
-        let s = Statement::new("SELECT $1, $2".into()).bind(batch).unwrap();
+        let s = Statement::new("SELECT $1, $2".into()).unwrap().bind(batch.clone()).unwrap();
         let back = Statement::decode(&s.encode().unwrap()).unwrap();
         assert_eq!(back.sql, "SELECT $1, $2");
         assert_eq!(back.params().unwrap(), vec![ScalarValue::from("pageview"), ScalarValue::Int64(Some(7))]);
         assert!(Statement::decode(b"SELECT 1").is_err());
         assert!(Statement::decode(&s.encode().unwrap()[..20]).is_err());
+        let short = s.encode().unwrap();
+        assert!(Statement::decode(&short[..short.len() - 9]).is_err());
+        // One value per placeholder, and one placeholder style.
+        assert!(Statement::new("SELECT $1".into()).unwrap().bind(batch.clone()).is_err());
+        assert!(Statement::new("SELECT ?, ?".into()).unwrap().bind(batch).is_ok());
+        assert!(Statement::new("SELECT $1, ?".into()).is_err());
+    }
+
+    #[test]
+    fn placeholders_are_counted() {
+        assert_eq!(parameter_count("SELECT 1").unwrap(), Some(0));
+        assert_eq!(parameter_count("SELECT ?, '?' -- ?\n, ?").unwrap(), Some(2));
+        assert_eq!(parameter_count("SELECT $2, '$5'").unwrap(), Some(2));
+        assert_eq!(parameter_count("SELECT $name").unwrap(), None);
+        assert!(parameter_count("SELECT $1 AS a, ? AS b").is_err());
     }
 }

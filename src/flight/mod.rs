@@ -10,11 +10,13 @@
 mod handle;
 mod metadata;
 
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use arrow::datatypes::{Schema, SchemaRef};
 use arrow::ipc::writer::IpcWriteOptions;
 use arrow::record_batch::RecordBatch;
 use arrow_flight::encode::FlightDataEncoderBuilder;
@@ -34,7 +36,7 @@ use arrow_flight::{
     IpcMessage, SchemaAsIpc, Ticket,
 };
 use base64::Engine as _;
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use prost::Message;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Response, Status, Streaming};
@@ -107,17 +109,53 @@ pub struct FlightSqlServer {
     sql_info: Arc<SqlInfoData>,
 }
 
+/// The one encoder configuration for results, so that [`flight_schema`] matches what is sent.
+fn encoder(schema: SchemaRef) -> FlightDataEncoderBuilder {
+    FlightDataEncoderBuilder::new().with_schema(schema)
+}
+
+/// The schema `DoGet` sends for a result planned as `schema`: the encoder hydrates
+/// dictionaries and rewrites some nested types (LargeList to List, union members) before its
+/// first message, and clients (ADBC) refuse a stream whose schema differs from the one
+/// `GetFlightInfo` announced. Asked of an encoder that never sends, so the two cannot drift.
+fn flight_schema(schema: SchemaRef) -> SchemaRef {
+    encoder(schema.clone()).build(futures::stream::empty()).known_schema().unwrap_or(schema)
+}
+
+/// Rows in one Flight message (0 for a schema or dictionary), so the log counts rows sent.
+fn rows_in(fd: &FlightData) -> u64 {
+    let message = arrow::ipc::root_as_message(&fd.data_header).ok();
+    message.and_then(|m| m.header_as_record_batch()).map_or(0, |b| b.length() as u64)
+}
+
+/// Logs a failed call that only plans (`GetFlightInfo`, `CreatePreparedStatement`) as a
+/// failed query, as HTTP would; a success is logged by the `DoGet` that runs it.
+#[allow(clippy::result_large_err)]
+fn logged<T>(
+    planned: Result<T, SkiffError>,
+    sql: &str,
+    md: &MetadataMap,
+    route: &'static str,
+) -> Result<T, Status> {
+    planned.map_err(|e| {
+        let mut log = QueryLog::new(request_id(md), route);
+        log.set_sql(sql);
+        log.finish(Err(&e));
+        e.into()
+    })
+}
+
 impl FlightSqlServer {
     /// A `FlightInfo` whose one endpoint's ticket is `ticket`, for a result of `schema`.
     fn info(
-        schema: &arrow::datatypes::Schema,
+        schema: SchemaRef,
         ticket: impl ProstMessageExt,
         descriptor: FlightDescriptor,
     ) -> Result<Response<FlightInfo>, Status> {
         let endpoint =
             FlightEndpoint::new().with_ticket(Ticket { ticket: ticket.as_any().encode_to_vec().into() });
         let info = FlightInfo::new()
-            .try_with_schema(schema)
+            .try_with_schema(&flight_schema(schema))
             .map_err(|e| Status::internal(format!("encoding the schema: {e}")))?
             .with_endpoint(endpoint)
             .with_descriptor(descriptor);
@@ -146,8 +184,7 @@ impl FlightSqlServer {
         };
         log.set_stats(q.stats.clone());
         let cap = self.state.result_cap();
-        let rows = Arc::new(AtomicU64::new(0));
-        let counted = rows.clone();
+        let counted = Arc::new(AtomicU64::new(0));
         // Caps end the stream with an error, never a silent cut: Flight has no way to mark a
         // result as partial.
         let batches = q.stream.map(move |b| {
@@ -161,59 +198,52 @@ impl FlightSqlServer {
             }
             Ok(b)
         });
-        let data = FlightDataEncoderBuilder::new()
-            .with_schema(q.schema)
-            .build(batches.map_err(|e| FlightError::ExternalError(Box::new(e))));
-        let logged = futures::stream::unfold(
-            (data, log, rows, cap.bytes),
-            |(mut data, mut log, rows, cap)| async move {
-                if log.done() {
+        let data = encoder(q.schema).build(batches.map_err(|e| FlightError::ExternalError(Box::new(e))));
+        // `log.rows` counts rows as they are handed to the client, so a query that ends early
+        // (a cap, a client gone) is logged with the rows it did send.
+        let logged = futures::stream::unfold((data, log, cap.bytes), |(mut data, mut log, cap)| async move {
+            if log.done() {
+                return None;
+            }
+            let item = match data.next().await {
+                Some(Ok(fd)) => {
+                    log.bytes += (fd.data_header.len() + fd.data_body.len()) as u64;
+                    if log.bytes > cap {
+                        let e = SkiffError::ResultTooLarge(format!(
+                            "the result is larger than {cap} bytes (--max-result-bytes)"
+                        ));
+                        log.finish(Err(&e));
+                        Err(e.into())
+                    } else {
+                        log.rows += rows_in(&fd);
+                        Ok(fd)
+                    }
+                }
+                Some(Err(e)) => {
+                    let e = match e {
+                        FlightError::ExternalError(b) => match b.downcast::<SkiffError>() {
+                            Ok(s) => *s,
+                            Err(b) => SkiffError::Internal(b.to_string()),
+                        },
+                        other => SkiffError::Internal(format!("encoding the result: {other}")),
+                    };
+                    log.finish(Err(&e));
+                    Err(Status::from(e))
+                }
+                None => {
+                    log.finish(Ok(()));
                     return None;
                 }
-                let item = match data.next().await {
-                    Some(Ok(fd)) => {
-                        log.bytes += (fd.data_header.len() + fd.data_body.len()) as u64;
-                        if log.bytes > cap {
-                            let e = SkiffError::ResultTooLarge(format!(
-                                "the result is larger than {cap} bytes (--max-result-bytes)"
-                            ));
-                            log.finish(Err(&e));
-                            Err(e.into())
-                        } else {
-                            Ok(fd)
-                        }
-                    }
-                    Some(Err(e)) => {
-                        let e = match e {
-                            FlightError::ExternalError(b) => match b.downcast::<SkiffError>() {
-                                Ok(s) => *s,
-                                Err(b) => SkiffError::Internal(b.to_string()),
-                            },
-                            other => SkiffError::Internal(format!("encoding the result: {other}")),
-                        };
-                        log.rows = rows.load(Ordering::Relaxed);
-                        log.finish(Err(&e));
-                        Err(Status::from(e))
-                    }
-                    None => {
-                        log.rows = rows.load(Ordering::Relaxed);
-                        log.finish(Ok(()));
-                        return None;
-                    }
-                };
-                Some((item, (data, log, rows, cap)))
-            },
-        );
+            };
+            Some((item, (data, log, cap)))
+        });
         Ok(Box::pin(logged))
     }
 
     /// A one-batch answer (metadata listings), encoded as Flight data.
     fn once(batch: RecordBatch) -> Response<DoGetStream> {
-        let schema = batch.schema();
-        let data = FlightDataEncoderBuilder::new()
-            .with_schema(schema)
-            .build(futures::stream::once(async { Ok(batch) }))
-            .map_err(Status::from);
+        let data =
+            encoder(batch.schema()).build(futures::stream::once(async { Ok(batch) })).map_err(Status::from);
         Response::new(Box::pin(data))
     }
 }
@@ -223,7 +253,7 @@ fn request_id(md: &MetadataMap) -> String {
     crate::observe::request_id(md.get("x-request-id").and_then(|v| v.to_str().ok()))
 }
 
-fn schema_ipc(schema: &arrow::datatypes::Schema) -> Result<bytes::Bytes, Status> {
+fn schema_ipc(schema: &Schema) -> Result<bytes::Bytes, Status> {
     let IpcMessage(bytes) = SchemaAsIpc::new(schema, &IpcWriteOptions::default())
         .try_into()
         .map_err(|e: arrow::error::ArrowError| Status::internal(format!("encoding a schema: {e}")))?;
@@ -259,9 +289,13 @@ impl FlightSqlService for FlightSqlServer {
         cmd: CommandStatementQuery,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let described = self.state.engine.describe(&cmd.query, Vec::new()).await?;
-        let ticket = TicketStatementQuery { statement_handle: Statement::new(cmd.query).encode()? };
-        Self::info(&described.schema, ticket, request.into_inner())
+        let planned = async {
+            let stmt = Statement::new(cmd.query.clone())?;
+            Ok::<_, SkiffError>((self.state.engine.describe(&stmt.sql, Vec::new()).await?, stmt))
+        };
+        let (described, stmt) = logged(planned.await, &cmd.query, request.metadata(), "flight:statement")?;
+        let ticket = TicketStatementQuery { statement_handle: stmt.encode()? };
+        Self::info(described.schema, ticket, request.into_inner())
     }
 
     async fn do_get_statement(
@@ -276,12 +310,16 @@ impl FlightSqlService for FlightSqlServer {
     async fn do_action_create_prepared_statement(
         &self,
         cmd: ActionCreatePreparedStatementRequest,
-        _request: Request<arrow_flight::Action>,
+        request: Request<arrow_flight::Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
-        let described = self.state.engine.describe(&cmd.query, Vec::new()).await?;
+        let planned = async {
+            let stmt = Statement::new(cmd.query.clone())?;
+            Ok::<_, SkiffError>((self.state.engine.describe(&stmt.sql, Vec::new()).await?, stmt))
+        };
+        let (described, stmt) = logged(planned.await, &cmd.query, request.metadata(), "flight:prepared")?;
         Ok(ActionCreatePreparedStatementResult {
-            prepared_statement_handle: Statement::new(cmd.query).encode()?,
-            dataset_schema: schema_ipc(&described.schema)?,
+            prepared_statement_handle: stmt.encode()?,
+            dataset_schema: schema_ipc(&flight_schema(described.schema))?,
             parameter_schema: schema_ipc(&described.parameters)?,
         })
     }
@@ -294,9 +332,23 @@ impl FlightSqlService for FlightSqlServer {
     ) -> Result<DoPutPreparedStatementResult, Status> {
         let stmt = Statement::decode(&cmd.prepared_statement_handle)?;
         // `into_peekable` keeps the message the dispatcher peeked at: the parameters' schema.
-        let data = request.into_inner().into_peekable().map_err(FlightError::from);
-        let batches: Vec<RecordBatch> =
-            arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(data).try_collect().await?;
+        let data = request.into_inner().into_peekable().map_err(FlightError::from).and_then(|fd| {
+            let checked = match arrow::ipc::root_as_message(&fd.data_header) {
+                Ok(m) => handle::check_message(&m, fd.data_body.len()).map_err(FlightError::protocol),
+                Err(_) => Ok(()), // the decoder names what is wrong
+            };
+            futures::future::ready(checked.map(|()| fd))
+        });
+        // The data is the client's: arrow's decoder panics on buffers that point outside the
+        // message, which must end this call, not the connection.
+        let decoding =
+            arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(data).try_collect();
+        let batches: Vec<RecordBatch> = match AssertUnwindSafe(decoding).catch_unwind().await {
+            Ok(Ok(batches)) => batches,
+            Ok(Err(FlightError::Tonic(status))) => return Err(*status),
+            Ok(Err(e)) => return Err(Status::invalid_argument(format!("unreadable parameter data: {e}"))),
+            Err(_) => return Err(Status::invalid_argument("unreadable parameter data: malformed buffers")),
+        };
         let batch = match batches.len() {
             0 => return Ok(DoPutPreparedStatementResult { prepared_statement_handle: Some(stmt.encode()?) }),
             1 => batches.into_iter().next().expect("one batch"),
@@ -312,8 +364,9 @@ impl FlightSqlService for FlightSqlServer {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let stmt = Statement::decode(&cmd.prepared_statement_handle)?;
-        let described = self.state.engine.describe(&stmt.sql, stmt.params()?).await?;
-        Self::info(&described.schema, cmd, request.into_inner())
+        let planned = async { self.state.engine.describe(&stmt.sql, stmt.params()?).await };
+        let described = logged(planned.await, &stmt.sql, request.metadata(), "flight:prepared")?;
+        Self::info(described.schema, cmd, request.into_inner())
     }
 
     async fn do_get_prepared_statement(
@@ -340,7 +393,7 @@ impl FlightSqlService for FlightSqlServer {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = cmd.into_builder().schema();
-        Self::info(&schema, cmd, request.into_inner())
+        Self::info(schema, cmd, request.into_inner())
     }
 
     async fn do_get_catalogs(
@@ -357,7 +410,7 @@ impl FlightSqlService for FlightSqlServer {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = cmd.clone().into_builder().schema();
-        Self::info(&schema, cmd, request.into_inner())
+        Self::info(schema, cmd, request.into_inner())
     }
 
     async fn do_get_schemas(
@@ -374,7 +427,7 @@ impl FlightSqlService for FlightSqlServer {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = cmd.clone().into_builder().schema();
-        Self::info(&schema, cmd, request.into_inner())
+        Self::info(schema, cmd, request.into_inner())
     }
 
     async fn do_get_tables(
@@ -391,7 +444,7 @@ impl FlightSqlService for FlightSqlServer {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = cmd.into_builder().schema();
-        Self::info(&schema, cmd, request.into_inner())
+        Self::info(schema, cmd, request.into_inner())
     }
 
     async fn do_get_table_types(
@@ -408,7 +461,7 @@ impl FlightSqlService for FlightSqlServer {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = cmd.clone().into_builder(&self.sql_info).schema();
-        Self::info(&schema, cmd, request.into_inner())
+        Self::info(schema, cmd, request.into_inner())
     }
 
     async fn do_get_sql_info(
