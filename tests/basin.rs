@@ -332,3 +332,56 @@ fn every_arrow_type_has_a_basin_name_and_a_json_value() {
         assert!(f["descriptor"]["type"]["name"].is_string(), "{f}");
     }
 }
+
+#[test]
+fn encoding_errors_come_in_the_envelope_with_their_status() {
+    let m = fails("SELECT arrow_cast(0, 'Timestamp(Second, Some(\"Foo/Bar\"))') AS a", 400, 40004);
+    assert_eq!(
+        m,
+        "unsupported time zone \"Foo/Bar\": use a zone name such as \"Europe/Paris\" or an offset such as \"+02:00\""
+    );
+    let m = fails("SELECT * FROM (SELECT 1 AS x) a CROSS JOIN (SELECT 2 AS x) b", 400, 40004);
+    assert_eq!(
+        m,
+        "the result has more than one column named \"x\", and a JSON object cannot carry both: \
+         give the columns distinct names with AS"
+    );
+    let r = server().post(ROUTE, r#"["SELECT 1"]"#);
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<Value>().unwrap(),
+        json!({"success": false, "errors": [{"code": 40004, "message": "the body must be a JSON object like {\"query\": \"SELECT 1\"}: it is not an object"}],
+               "messages": [], "result": null})
+    );
+}
+
+#[test]
+fn json_get_is_a_union_named_union_and_its_values_are_json() {
+    // A short, stable name: the union's `Debug` orders its members' metadata differently each run.
+    let r = ok(r#"SELECT json_get('{"a":1}', 'a') AS v, json_get('{"a":{"b":null}}', 'a') AS o"#);
+    assert_eq!(r["schema"], json!([{"name": "v", "type": "Union"}, {"name": "o", "type": "Union"}]));
+    assert_eq!(r["rows"], json!([{"v": 1, "o": {"b": null}}]));
+    let r = rows(
+        "SELECT json_get(props, '$title') AS v, json_get_str(props, '$title') AS s \
+         FROM glass.events WHERE props IS NOT NULL ORDER BY event_id LIMIT 20",
+    );
+    assert!(r.iter().any(|r| r["s"].is_string()), "{r:?}");
+    assert!(r.iter().all(|r| r["v"] == r["s"]), "{r:?}");
+}
+
+#[test]
+fn a_path_segment_that_is_not_utf8_still_gets_the_envelope() {
+    let url = format!("{}/api/v1/accounts/%FF/basin-sql/query/b", server().base);
+    let body = json!({"query": "SELECT 1 AS x"}).to_string();
+    let r = client().post(&url).body(body.clone()).send().unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(
+        r.json::<Value>().unwrap(),
+        json!({"success": false, "errors": [{"code": 10000, "message": "missing or invalid bearer token"}],
+               "messages": [], "result": null})
+    );
+    let r = client().post(&url).bearer_auth(TOKEN).body(body).send().unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().unwrap();
+    assert_eq!((&v["success"], &v["result"]["rows"]), (&json!(true), &json!([{"x": 1}])));
+}

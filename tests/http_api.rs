@@ -359,3 +359,222 @@ fn one_log_line_per_query_with_its_request_id() {
     assert!(line.contains("glass.identities@"), "snapshot ids are logged: {line}");
     assert!(!line.contains("SELECT"), "SQL is not logged by default: {line}");
 }
+
+#[test]
+fn a_first_batch_over_a_cap_is_refused_before_any_byte() {
+    let dir = tempdir();
+    demo_lake(dir.path(), 100);
+    let caps = ["--max-result-rows", "10", "--max-result-bytes", "3000"].map(String::from).to_vec();
+    let s = Server::start(Opts { args: [lake_args(dir.path()), caps].concat(), ..Default::default() });
+    // One batch each: 9 rows of ~4.5 KB, and 20 small rows.
+    let cases = [
+        (
+            "SELECT repeat('x', 500) AS s FROM generate_series(1, 9)",
+            "the result is larger than 3000 bytes (--max-result-bytes)",
+        ),
+        ("SELECT value FROM generate_series(1, 20)", "the result has more than 10 rows (--max-result-rows)"),
+    ];
+    for (sql, message) in cases {
+        for path in ["/query", "/streaming-query"] {
+            let r = s.post(path, json!({ "query": sql }).to_string());
+            assert_eq!(r.status(), 413, "{path}: {sql}");
+            assert_eq!(r.headers()["content-type"], "application/json");
+            let v: serde_json::Value = r.json().unwrap();
+            assert_eq!(v, json!({"error": {"code": "result_too_large", "message": message}}), "{path}");
+        }
+    }
+    // Nothing was sent, and the log says so.
+    let lines: Vec<String> = eventually(10, || {
+        Some(s.log_text()).filter(|t| t.matches("outcome=\"result_too_large\"").count() == 4)
+    })
+    .lines()
+    .filter(|l| l.contains("outcome=\"result_too_large\""))
+    .map(String::from)
+    .collect();
+    for line in lines {
+        assert!(line.contains(" rows=0 bytes_sent=0 truncated=false "), "{line}");
+    }
+    // Within the caps, the whole result.
+    assert_eq!(s.rows("SELECT value FROM generate_series(1, 10)").len(), 10);
+}
+
+#[test]
+fn unsupported_time_zones_are_the_querys_fault() {
+    let s = server();
+    for zone in ["Foo/Bar", "UTC+2"] {
+        let sql = format!("SELECT arrow_cast(0, 'Timestamp(Second, Some(\"{zone}\"))') AS a");
+        let (code, msg) = s.error(&sql, 400);
+        assert_eq!(code, "invalid_query");
+        assert_eq!(
+            msg,
+            format!(
+                "unsupported time zone \"{zone}\": use a zone name such as \"Europe/Paris\" or an offset such as \"+02:00\""
+            )
+        );
+        // An Arrow stream carries the zone's name as it is.
+        let r = s.post("/streaming-query", json!({ "query": sql }).to_string());
+        assert_eq!(r.status(), 200);
+    }
+}
+
+#[test]
+fn timestamps_of_any_year_are_dates() {
+    let rows = server().rows(
+        "SELECT arrow_cast(10413792000000000, 'Timestamp(Microsecond, None)') AS b, \
+                arrow_cast(-62135596800, 'Timestamp(Second, None)') AS c, \
+                arrow_cast(-11676096000000, 'Timestamp(Millisecond, Some(\"+02:00\"))') AS d, \
+                arrow_cast(253402300799999999, 'Timestamp(Microsecond, Some(\"UTC\"))') AS e, \
+                arrow_cast(-9223372036854775807, 'Timestamp(Nanosecond, None)') AS f",
+    );
+    assert_eq!(
+        rows,
+        vec![json!({
+            "b": "2300-01-01T00:00:00.000000Z", "c": "0001-01-01T00:00:00.000000Z",
+            "d": "1600-01-01T02:00:00.000000+02:00", "e": "9999-12-31T23:59:59.999999Z",
+            "f": "1677-09-21T00:12:43.145224193Z"
+        })]
+    );
+    // Beyond the years a date can be written for, the query fails rather than answer null.
+    let (code, msg) =
+        server().error("SELECT arrow_cast(9223372036854775807, 'Timestamp(Second, None)') AS t", 400);
+    assert_eq!(code, "invalid_query");
+    assert_eq!(
+        msg,
+        "the timestamp 9223372036854775807 (Seconds since 1970) is beyond the years a date can be written for"
+    );
+}
+
+#[test]
+fn json_get_values_are_their_json() {
+    let rows = server().rows(
+        r#"SELECT json_get('{"a":1}', 'a') AS v, json_get('{"a":null}', 'a') AS y, json_get('{}', 'a') AS missing,
+                  json_get('{"a":true}', 'a') AS b, json_get('{"a":1.5}', 'a') AS f, json_get('{"a":"s\"q"}', 'a') AS s,
+                  json_get('{"a":[1, {"b": "c"}]}', 'a') AS arr, json_get('{"a":{"b": [2]}}', 'a') AS obj"#,
+    );
+    assert_eq!(
+        rows,
+        vec![json!({
+            "v": 1, "y": null, "missing": null, "b": true, "f": 1.5, "s": "s\"q",
+            "arr": [1, {"b": "c"}], "obj": {"b": [2]}
+        })]
+    );
+    // On the lake: the same values json_get_str reads.
+    let rows = server().rows(
+        "SELECT json_get(props, '$title') AS v, json_get_str(props, '$title') AS s \
+         FROM glass.events WHERE props IS NOT NULL ORDER BY event_id LIMIT 20",
+    );
+    assert!(rows.iter().any(|r| r["s"].is_string()), "{rows:?}");
+    for r in rows {
+        assert_eq!(r["v"], r["s"], "{r}");
+    }
+}
+
+#[test]
+fn duplicate_column_names_are_refused_for_json() {
+    let s = server();
+    let message = "the result has more than one column named \"x\", and a JSON object cannot carry both: \
+                   give the columns distinct names with AS";
+    for sql in [
+        "SELECT * FROM (SELECT 1 AS x) a CROSS JOIN (SELECT 2 AS x) b",
+        "SELECT * FROM (SELECT 1 AS x) a CROSS JOIN (SELECT 2 AS x) b WHERE false",
+    ] {
+        assert_eq!(s.error(sql, 400), ("invalid_query".to_string(), message.to_string()), "{sql}");
+    }
+    assert_eq!(
+        s.rows("SELECT a.x, b.x AS x2 FROM (SELECT 1 AS x) a CROSS JOIN (SELECT 2 AS x) b"),
+        vec![json!({"x": 1, "x2": 2})]
+    );
+    // An Arrow stream carries both.
+    let r = s.post(
+        "/streaming-query",
+        json!({"query": "SELECT * FROM (SELECT 1 AS x) a CROSS JOIN (SELECT 2 AS x) b"}).to_string(),
+    );
+    assert_eq!(r.status(), 200);
+    let reader =
+        arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(r.bytes().unwrap()), None).unwrap();
+    let names: Vec<String> = reader.schema().fields().iter().map(|f| f.name().clone()).collect();
+    assert_eq!(names, ["x", "x"]);
+}
+
+#[test]
+fn nested_dictionaries_are_their_values() {
+    let rows = server().rows(
+        "SELECT arrow_cast([1, 2], 'List(Dictionary(Int32, Int64))') AS a, \
+                arrow_cast(['u', NULL], 'List(Dictionary(Int32, Utf8))') AS b, \
+                named_struct('k', arrow_cast(1, 'Dictionary(Int32, Int64)')) AS c",
+    );
+    assert_eq!(rows, vec![json!({"a": [1, 2], "b": ["u", null], "c": {"k": 1}})]);
+}
+
+#[test]
+fn floats_have_the_digits_of_their_own_width() {
+    let sql = "SELECT arrow_cast(0.1, 'Float32') AS a, arrow_cast(0.1, 'Float16') AS h, \
+               [arrow_cast(1.1, 'Float32')] AS l, arrow_cast(65504, 'Float16') AS hmax, \
+               arrow_cast('NaN', 'Float32') AS nan";
+    let r = server().post("/query", json!({ "query": sql }).to_string());
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().unwrap(), r#"[{"a":0.1,"h":0.1,"l":[1.1],"hmax":65500.0,"nan":null}]"#);
+}
+
+#[test]
+fn array_and_compressed_bodies_are_refused() {
+    let s = server();
+    let send = |encoding: Option<&str>, body: &str| {
+        let mut req = client()
+            .post(format!("{}/query", s.base))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        if let Some(e) = encoding {
+            req = req.header("content-encoding", e);
+        }
+        let r = req.send().unwrap();
+        (r.status().as_u16(), r.json::<serde_json::Value>().unwrap())
+    };
+    let error = |code: &str, message: &str| json!({"error": {"code": code, "message": message}});
+    assert_eq!(
+        send(None, r#"["SELECT 1"]"#),
+        (
+            400,
+            error(
+                "bad_request",
+                "the body must be a JSON object like {\"query\": \"SELECT 1\"}: it is not an object"
+            )
+        )
+    );
+    for encoding in ["gzip", "br", "deflate"] {
+        assert_eq!(
+            send(Some(encoding), r#"{"query": "SELECT 1"}"#),
+            (
+                415,
+                error(
+                    "unsupported_media_type",
+                    &format!(
+                        "compressed request bodies are not accepted (content-encoding: {encoding}): send the JSON uncompressed"
+                    )
+                )
+            )
+        );
+    }
+    assert_eq!(send(Some("identity"), r#"{"query": "SELECT 1 AS x"}"#), (200, json!([{"x": 1}])));
+}
+
+#[test]
+fn strings_nested_in_lists_structs_and_maps_are_utf8() {
+    use arrow::datatypes::{DataType, Field, Fields};
+    let sql = "SELECT array_agg(DISTINCT event) AS a, named_struct('e', max(event)) AS s, \
+               MAP([max(event)], [max(country)]) AS m FROM glass.events";
+    let r = server().post("/streaming-query", json!({ "query": sql }).to_string());
+    assert_eq!(r.status(), 200);
+    let reader =
+        arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(r.bytes().unwrap()), None).unwrap();
+    let schema = reader.schema();
+    let types: Vec<&DataType> = schema.fields().iter().map(|f| f.data_type()).collect();
+    let DataType::List(item) = types[0] else { panic!("{:?}", types[0]) };
+    assert_eq!(item.data_type(), &DataType::Utf8);
+    assert_eq!(types[1], &DataType::Struct(Fields::from(vec![Field::new("e", DataType::Utf8, true)])));
+    let DataType::Map(entries, _) = types[2] else { panic!("{:?}", types[2]) };
+    let DataType::Struct(kv) = entries.data_type() else { panic!("{entries:?}") };
+    assert_eq!([kv[0].data_type(), kv[1].data_type()], [&DataType::Utf8, &DataType::Utf8]);
+    assert_eq!(reader.map(|b| b.unwrap().num_rows()).sum::<usize>(), 1);
+}

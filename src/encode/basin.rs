@@ -10,9 +10,13 @@ use serde_json::{Value, json};
 use crate::error::SkiffError;
 
 /// Basin prints Arrow types the way arrow-rs's `Debug` does (`Timestamp(Microsecond, None)`),
-/// which newer arrow's `Display` no longer matches.
+/// which newer arrow's `Display` no longer matches. A union (`json_get`'s values) is `Union`:
+/// its `Debug` lists every member with its metadata, in an order that changes run to run.
 pub fn type_name(t: &DataType) -> String {
-    format!("{t:?}")
+    match t {
+        DataType::Union(..) => "Union".to_string(),
+        _ => format!("{t:?}"),
+    }
 }
 
 fn is_nested(t: &DataType) -> bool {

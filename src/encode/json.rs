@@ -5,19 +5,20 @@
 //! | Null | `null` |
 //! | Boolean | `true` / `false` |
 //! | Int*, UInt* | number |
-//! | Float16/32/64 | number; NaN and ±Infinity → `null` |
+//! | Float16/32/64 | number, the shortest digits of its own width (`0.1`); NaN and ±Infinity → `null` |
 //! | Decimal128/256 | number, exact decimal text (`12.30`) |
 //! | Utf8, LargeUtf8, Utf8View | string |
 //! | Binary, LargeBinary, BinaryView, FixedSizeBinary | string, standard base64 |
 //! | Date32, Date64 | `"2026-10-10"` |
-//! | Timestamp, no zone or UTC | `"2026-10-10T18:29:21.000000Z"` (nanosecond units: 9 digits) |
+//! | Timestamp, no zone or UTC | `"2026-10-10T18:29:21.000000Z"` (nanosecond units: 9 digits), any year |
 //! | Timestamp with another zone | RFC 3339 in that zone, `"…T20:29:21.000000+02:00"` |
 //! | Time32/64 | `"18:29:21.000000"` |
 //! | Duration, Interval | string, as Arrow prints it (`"P0DT0H0M1.5S"`-style) |
 //! | List, LargeList, FixedSizeList | array |
 //! | Struct | object |
 //! | Map | object when keys are strings, else array of `{"key", "value"}` |
-//! | Dictionary | the value it points to (top-level columns) |
+//! | Dictionary | the value it points to |
+//! | Union (`json_get`) | its member's value; JSON text members (`array`, `object`) as that JSON |
 //! | anything else | string, as Arrow prints it |
 
 use std::io::Write;
@@ -43,8 +44,7 @@ pub fn write_rows(batch: &RecordBatch, out: &mut Vec<u8>, first: &mut bool) -> R
             k
         })
         .collect();
-    let columns = batch.columns().iter().map(plain).collect::<Result<Vec<_>, _>>()?;
-    let mut encoders = columns.iter().map(|c| encoder(c.as_ref())).collect::<Result<Vec<_>, _>>()?;
+    let mut encoders = batch.columns().iter().map(|c| encoder(c.as_ref())).collect::<Result<Vec<_>, _>>()?;
     for row in 0..batch.num_rows() {
         if !*first {
             out.push(b',');
@@ -63,12 +63,24 @@ pub fn write_rows(batch: &RecordBatch, out: &mut Vec<u8>, first: &mut bool) -> R
     Ok(())
 }
 
-/// A dictionary column as the values it points to.
-fn plain(c: &ArrayRef) -> Result<ArrayRef, ArrowError> {
-    match c.data_type() {
-        DataType::Dictionary(_, value_type) => arrow::compute::cast(c, value_type),
-        _ => Ok(c.clone()),
+/// Refuses a schema with two columns of one name: a JSON object cannot carry both keys, and
+/// clients would keep one value and silently drop the other.
+pub fn check_names(schema: &Schema) -> Result<(), ArrowError> {
+    let mut seen = std::collections::HashSet::new();
+    match schema.fields().iter().find(|f| !seen.insert(f.name())) {
+        Some(f) => Err(query_fault(format!(
+            "the result has more than one column named {:?}, and a JSON object cannot carry both: \
+             give the columns distinct names with AS",
+            f.name()
+        ))),
+        None => Ok(()),
     }
+}
+
+/// An encoding error that is the query's fault (400 `invalid_query`), not a bug: carried in
+/// Arrow's error type to the HTTP front end, which unwraps it.
+fn query_fault(message: String) -> ArrowError {
+    ArrowError::ExternalError(Box::new(crate::error::SkiffError::InvalidQuery(message)))
 }
 
 /// Encodes one value of a column.
@@ -106,10 +118,14 @@ pub fn encoder(array: &dyn Array) -> Result<Box<dyn Encode + '_>, ArrowError> {
             })
         }};
     }
+    // ryu prints an f32 with the digits of an f32: 0.1, not the 0.10000000149011612 it widens to.
     macro_rules! floats {
         ($t:ty) => {{
             let a = array.as_primitive::<$t>();
-            boxed(array, move |i, out: &mut Vec<u8>| write_f64(out, f64::from(a.value(i))))
+            boxed(array, move |i, out: &mut Vec<u8>| match a.value(i) {
+                v if v.is_finite() => out.extend_from_slice(ryu::Buffer::new().format_finite(v).as_bytes()),
+                _ => out.extend_from_slice(b"null"),
+            })
         }};
     }
     Ok(match array.data_type() {
@@ -132,7 +148,7 @@ pub fn encoder(array: &dyn Array) -> Result<Box<dyn Encode + '_>, ArrowError> {
         DataType::UInt64 => ints!(UInt64Type),
         DataType::Float16 => {
             let a = array.as_primitive::<Float16Type>();
-            boxed(array, move |i, out: &mut Vec<u8>| write_f64(out, a.value(i).to_f64()))
+            boxed(array, move |i, out: &mut Vec<u8>| write_f64(out, f16_shortest(a.value(i))))
         }
         DataType::Float32 => floats!(Float32Type),
         DataType::Float64 => floats!(Float64Type),
@@ -282,11 +298,49 @@ pub fn encoder(array: &dyn Array) -> Result<Box<dyn Encode + '_>, ArrowError> {
                 out.push(if key_strings.is_some() { b'}' } else { b']' });
             })
         }
+        DataType::Dictionary(..) => {
+            let a = array.as_any_dictionary();
+            // `normalized_keys` panics on no values; then every key is null and none is read.
+            let keys = if a.values().is_empty() { Vec::new() } else { a.normalized_keys() };
+            let mut values = encoder(a.values().as_ref())?;
+            boxed(array, move |i, out: &mut Vec<u8>| values.write(keys[i], out))
+        }
+        DataType::Union(fields, _) => {
+            let a = array.as_union();
+            let mut members = fields
+                .iter()
+                .map(|(id, f)| Ok((id, member_encoder(a.child(id).as_ref(), f)?)))
+                .collect::<Result<Vec<_>, ArrowError>>()?;
+            // A union has no nulls of its own: a null is its member's.
+            Box::new(Nullable {
+                nulls: None,
+                inner: move |i, out: &mut Vec<u8>| {
+                    let id = a.type_id(i);
+                    match members.iter_mut().find(|(m, _)| *m == id) {
+                        Some((_, m)) => m.write(a.value_offset(i), out),
+                        None => out.extend_from_slice(b"null"),
+                    }
+                },
+            })
+        }
         _ => {
             let f = ArrayFormatter::try_new(array, &FormatOptions::default())?;
             boxed(array, move |i, out: &mut Vec<u8>| write_str(out, &f.value(i).to_string()))
         }
     })
+}
+
+/// A union member's encoder. Members marked as JSON text (Arrow's `arrow.json` extension, as
+/// `json_get`'s `array` and `object`, which hold JSON its parser has read whole) are that
+/// JSON, not a string holding it.
+fn member_encoder<'a>(child: &'a dyn Array, field: &Field) -> Result<Box<dyn Encode + 'a>, ArrowError> {
+    let json_text = field.metadata().get("ARROW:extension:name").is_some_and(|n| n == "arrow.json");
+    match child.as_string_opt::<i32>() {
+        Some(s) if json_text => {
+            Ok(boxed(child, move |i, out: &mut Vec<u8>| out.extend_from_slice(s.value(i).as_bytes())))
+        }
+        _ => encoder(child),
+    }
 }
 
 fn list_encoder<'a, O: OffsetSizeTrait>(
@@ -316,26 +370,34 @@ fn timestamp_encoder<'a>(
     let zone: Option<arrow::array::timezone::Tz> = match tz {
         None => None,
         Some("UTC" | "utc" | "Z" | "+00:00" | "Etc/UTC") => None,
-        Some(z) => Some(z.parse()?),
+        Some(z) => Some(z.parse().map_err(|_| {
+            query_fault(format!(
+                "unsupported time zone {z:?}: use a zone name such as \"Europe/Paris\" or an offset such as \"+02:00\""
+            ))
+        })?),
     };
-    let to_nanos: fn(i64) -> Option<i64> = match unit {
-        TimeUnit::Second => |v| v.checked_mul(1_000_000_000),
-        TimeUnit::Millisecond => |v| v.checked_mul(1_000_000),
-        TimeUnit::Microsecond => |v| v.checked_mul(1_000),
-        TimeUnit::Nanosecond => Some,
+    // Each unit converts on its own: going through nanoseconds would lose every date outside
+    // 1677-2262, and Iceberg's microseconds reach far beyond.
+    let to_utc: fn(i64) -> Option<DateTime<chrono::Utc>> = match unit {
+        TimeUnit::Second => |v| DateTime::from_timestamp(v, 0),
+        TimeUnit::Millisecond => DateTime::from_timestamp_millis,
+        TimeUnit::Microsecond => DateTime::from_timestamp_micros,
+        TimeUnit::Nanosecond => |v| Some(DateTime::from_timestamp_nanos(v)),
     };
     let nanos = unit == TimeUnit::Nanosecond;
     // Every timestamp unit is an i64 underneath.
     let data = array.to_data();
     let values: arrow::buffer::ScalarBuffer<i64> =
         arrow::buffer::ScalarBuffer::new(data.buffers()[0].clone(), data.offset(), data.len());
-    Ok(boxed(array, move |i, out: &mut Vec<u8>| {
-        let v = values[i];
-        let dt = to_nanos(v).map(DateTime::from_timestamp_nanos);
-        match dt {
-            Some(dt) => write_datetime(out, dt.naive_utc(), zone.as_ref(), nanos),
-            None => out.extend_from_slice(b"null"),
-        }
+    if let Some(i) = (0..array.len()).find(|&i| array.is_valid(i) && to_utc(values[i]).is_none()) {
+        return Err(query_fault(format!(
+            "the timestamp {} ({unit:?}s since 1970) is beyond the years a date can be written for",
+            values[i]
+        )));
+    }
+    Ok(boxed(array, move |i, out: &mut Vec<u8>| match to_utc(values[i]) {
+        Some(dt) => write_datetime(out, dt.naive_utc(), zone.as_ref(), nanos),
+        None => out.extend_from_slice(b"null"),
     }))
 }
 
@@ -390,6 +452,16 @@ fn write_f64(out: &mut Vec<u8>, v: f64) {
     } else {
         out.extend_from_slice(b"null");
     }
+}
+
+/// The shortest decimal that reads back as the same `f16` (ryu has no `f16`): `0.1`, not the
+/// `0.0999755859375` it is exactly.
+fn f16_shortest(v: <Float16Type as ArrowPrimitiveType>::Native) -> f64 {
+    type F16 = <Float16Type as ArrowPrimitiveType>::Native;
+    (0..5)
+        .filter_map(|p| format!("{:.p$e}", v.to_f64()).parse().ok())
+        .find(|&x| F16::from_f64(x) == v)
+        .unwrap_or(v.to_f64())
 }
 
 fn write_b64(out: &mut Vec<u8>, v: &[u8]) {

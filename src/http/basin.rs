@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use axum::body::Body;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
@@ -18,10 +18,12 @@ use crate::engine::stats::QueryStats;
 use crate::error::SkiffError;
 use crate::observe::QueryLog;
 
+/// The account and bucket in the path are not read (skiff serves one lake), so not extracted
+/// either: a path segment that is not UTF-8 would otherwise be refused in plain text, before
+/// auth and outside Basin's envelope.
 pub async fn query(
     State(state): State<Arc<AppState>>,
     Extension(id): Extension<RequestId>,
-    Path((_account, _bucket)): Path<(String, String)>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -39,7 +41,10 @@ pub async fn query(
         Ok(Begun::Started(s)) => {
             let encoder = Envelope { request_id: id.0, has_rows: s.first.is_some(), stats: s.stats.clone() };
             let head = s.head();
-            streaming(body_stream(s, encoder, log, state.result_cap()), "application/json", head)
+            match body_stream(s, encoder, log, state.result_cap()) {
+                Ok(body) => streaming(body, "application/json", head),
+                Err(e) => failure(e.basin_status(), &e),
+            }
         }
         Err(e) => {
             log.finish(Err(&e));
@@ -66,6 +71,7 @@ struct Envelope {
 
 impl Encoder for Envelope {
     fn head(&mut self, schema: &SchemaRef) -> Result<Vec<u8>, arrow::error::ArrowError> {
+        json::check_names(schema)?;
         // Basin answers an empty result with an empty schema.
         let schema = if self.has_rows { basin::schema(schema) } else { serde_json::Value::Array(vec![]) };
         let mut out = br#"{"success":true,"errors":[],"result":{"request_id":"#.to_vec();

@@ -1,10 +1,10 @@
 //! `POST /query` (JSON rows) and `POST /streaming-query` (Arrow IPC): both stream.
 //!
-//! The first batch is awaited before the response starts, so planning errors and errors in
-//! the first moments of execution get a real status. An error after streaming began aborts
-//! the response (no clean end of array or end-of-stream marker), so a client can never take
-//! a cut-short result for a whole one. A client that goes away drops the stream, which
-//! cancels the query.
+//! The first batch is awaited and encoded before the response starts, so planning errors,
+//! errors in the first moments of execution and errors encoding the first rows get a real
+//! status. An error after streaming began aborts the response (no clean end of array or
+//! end-of-stream marker), so a client can never take a cut-short result for a whole one. A
+//! client that goes away drops the stream, which cancels the query.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,20 +64,12 @@ async fn respond<E: Encoder>(
     let mut log = QueryLog::new(id.0, route);
     match begin(state, headers, body, &mut log).await {
         Ok(Begun::NotModified(etag)) => not_modified(etag, log),
-        // A first batch already over the row cap fails before any byte is sent.
-        Ok(Begun::Started(s))
-            if s.first.as_ref().is_some_and(|b| b.num_rows() as u64 > state.max_result_rows) =>
-        {
-            let e = SkiffError::ResultTooLarge(format!(
-                "the result has more than {} rows (--max-result-rows)",
-                state.max_result_rows
-            ));
-            log.finish(Err(&e));
-            e.into_response()
-        }
         Ok(Begun::Started(s)) => {
             let head = s.head();
-            streaming(body_stream(s, encoder, log, state.result_cap()), content_type, head)
+            match body_stream(s, encoder, log, state.result_cap()) {
+                Ok(body) => streaming(body, content_type, head),
+                Err(e) => e.into_response(),
+            }
         }
         Err(e) => {
             log.finish(Err(&e));
@@ -149,6 +141,15 @@ pub fn streaming(
 
 /// Reads and checks a `{"query": "..."}` body within the size limit.
 pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<QueryBody> {
+    // Bodies are never decompressed: a compressed one would only fail later as bad JSON.
+    if let Some(ce) = headers.get(header::CONTENT_ENCODING) {
+        let ce = ce.to_str().unwrap_or("").trim().to_ascii_lowercase();
+        if !ce.is_empty() && ce != "identity" {
+            return Err(SkiffError::UnsupportedMediaType(format!(
+                "compressed request bodies are not accepted (content-encoding: {ce}): send the JSON uncompressed"
+            )));
+        }
+    }
     if let Some(ct) = headers.get(header::CONTENT_TYPE) {
         let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
         let essence = ct.split(';').next().unwrap_or("").trim();
@@ -174,11 +175,16 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
             SkiffError::BadRequest(format!("could not read the request body: {e}"))
         }
     })?;
-    serde_json::from_slice::<QueryBody>(&bytes).map_err(|e| {
+    let bad = |why: &dyn std::fmt::Display| {
         SkiffError::BadRequest(format!(
-            "the body must be a JSON object like {{\"query\": \"SELECT 1\"}}: {e}"
+            "the body must be a JSON object like {{\"query\": \"SELECT 1\"}}: {why}"
         ))
-    })
+    };
+    // serde reads a JSON array as a struct's fields in order: `["SELECT 1"]` is not a body.
+    if bytes.trim_ascii_start().first() != Some(&b'{') {
+        return Err(bad(&"it is not an object"));
+    }
+    serde_json::from_slice::<QueryBody>(&bytes).map_err(|e| bad(&e))
 }
 
 /// A query that has produced its first batch (or finished) without error.
@@ -259,7 +265,8 @@ pub trait Encoder: Send + 'static {
 pub struct JsonArray;
 
 impl Encoder for JsonArray {
-    fn head(&mut self, _: &SchemaRef) -> Result<Vec<u8>, arrow::error::ArrowError> {
+    fn head(&mut self, schema: &SchemaRef) -> Result<Vec<u8>, arrow::error::ArrowError> {
+        json::check_names(schema)?;
         Ok(b"[".to_vec())
     }
     fn batch(
@@ -293,18 +300,21 @@ impl Encoder for ArrowStream {
 }
 
 enum Phase {
-    Head,
+    /// Batches are still coming.
     Body,
     /// A cap was reached: the result ends here, saying why.
     Truncated(String),
+    /// The tail is encoded.
     Done,
 }
 
 struct BodyState<E> {
     phase: Phase,
+    /// Encoded but not yet handed to the response: the head and the first batch.
+    pending: Option<Vec<u8>>,
     cap: Cap,
-    schema: SchemaRef,
-    first: Option<RecordBatch>,
+    /// Bytes of rows encoded so far, what `cap.bytes` limits.
+    encoded: u64,
     rest: SendableRecordBatchStream,
     encoder: E,
     first_row: bool,
@@ -313,65 +323,68 @@ struct BodyState<E> {
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The response body: head, the first batch, every later batch as it comes, tail.
+/// The response body: the head and the first batch, every later batch as it comes, the tail.
+///
+/// The head and the first batch are encoded here, before the response is committed: an error
+/// there (an unsupported time zone, duplicate column names for JSON, a first batch already over
+/// a cap the encoding cannot mark as cut) is logged and returned, for an error response with
+/// its status instead of a 200 whose body breaks off before its first byte.
 pub fn body_stream<E: Encoder>(
     s: Started,
     encoder: E,
     log: QueryLog,
     cap: Cap,
-) -> impl futures::Stream<Item = Result<Bytes, BoxError>> + Send {
-    let state = BodyState {
-        phase: Phase::Head,
+) -> Result<impl futures::Stream<Item = Result<Bytes, BoxError>> + Send, SkiffError> {
+    let mut st = BodyState {
+        phase: Phase::Body,
+        pending: None,
         cap,
-        schema: s.schema,
-        first: s.first,
+        encoded: 0,
         rest: s.rest,
         encoder,
         first_row: true,
         log,
     };
-    futures::stream::unfold(state, |mut st| async move {
+    if let Err(e) = st.open(&s.schema, s.first) {
+        // Nothing was sent.
+        (st.log.rows, st.log.bytes, st.log.truncated) = (0, 0, false);
+        st.log.finish(Err(&e));
+        return Err(e);
+    }
+    Ok(futures::stream::unfold(st, |mut st| async move {
         loop {
-            let item = match st.phase {
-                Phase::Head => {
-                    st.phase = Phase::Body;
-                    let head = st.encoder.head(&st.schema);
-                    let first = st.first.take();
-                    head.and_then(|mut out| {
-                        if let Some(b) = first {
-                            out.extend(st.emit(&b)?);
+            let item = match st.pending.take() {
+                Some(bytes) => Ok(bytes),
+                None => match st.phase {
+                    Phase::Body => match st.rest.next().await {
+                        Some(Ok(b)) => st.emit(&b),
+                        Some(Err(e)) => Err(e.into()),
+                        None => {
+                            st.phase = Phase::Done;
+                            st.encoder.tail().map_err(SkiffError::from)
                         }
-                        Ok(out)
-                    })
-                }
-                Phase::Body => match st.rest.next().await {
-                    Some(Ok(b)) => st.emit(&b),
-                    Some(Err(e)) => return Some((Err(st.fail(e.into())), st)),
-                    None => {
-                        st.phase = Phase::Done;
-                        st.encoder.tail().inspect(|_| st.log.finish(Ok(())))
+                    },
+                    Phase::Truncated(ref why) => {
+                        let why = why.clone();
+                        st.truncate(why)
                     }
+                    Phase::Done => return None,
                 },
-                Phase::Truncated(ref why) => {
-                    let why = why.clone();
-                    st.phase = Phase::Done;
-                    match st.encoder.tail_truncated(&why) {
-                        Some(tail) => {
-                            st.log.truncated = true;
-                            tail.inspect(|_| st.log.finish(Ok(())))
-                        }
-                        None => return Some((Err(st.fail(SkiffError::ResultTooLarge(why))), st)),
-                    }
-                }
-                Phase::Done => return None,
             };
             return match item {
-                Ok(bytes) if bytes.is_empty() && matches!(st.phase, Phase::Body) => continue,
-                Ok(bytes) => Some((Ok(Bytes::from(bytes)), st)),
-                Err(e) => Some((Err(st.fail(e.into())), st)),
+                Ok(bytes) => {
+                    st.log.bytes += bytes.len() as u64;
+                    if matches!(st.phase, Phase::Done) {
+                        st.log.finish(Ok(()));
+                    } else if bytes.is_empty() {
+                        continue;
+                    }
+                    Some((Ok(Bytes::from(bytes)), st))
+                }
+                Err(e) => Some((Err(st.fail(e)), st)),
             };
         }
-    })
+    }))
 }
 
 /// The limits on one result's size.
@@ -388,9 +401,23 @@ impl AppState {
 }
 
 impl<E: Encoder> BodyState<E> {
+    /// Encodes the head and the first batch into `pending`.
+    fn open(&mut self, schema: &SchemaRef, first: Option<RecordBatch>) -> Result<(), SkiffError> {
+        let mut out = self.encoder.head(schema)?;
+        if let Some(b) = first {
+            out.extend(self.emit(&b)?);
+        }
+        if let Phase::Truncated(ref why) = self.phase {
+            let why = why.clone();
+            out.extend(self.truncate(why)?);
+        }
+        self.pending = Some(out);
+        Ok(())
+    }
+
     /// Encodes a batch within the result caps; at a cap, keeps what fits and moves on to
     /// ending the response as truncated.
-    fn emit(&mut self, batch: &RecordBatch) -> Result<Vec<u8>, arrow::error::ArrowError> {
+    fn emit(&mut self, batch: &RecordBatch) -> Result<Vec<u8>, SkiffError> {
         let room = self.cap.rows.saturating_sub(self.log.rows);
         let batch = if (batch.num_rows() as u64) > room {
             self.phase = Phase::Truncated(format!(
@@ -404,14 +431,23 @@ impl<E: Encoder> BodyState<E> {
         self.log.rows += batch.num_rows() as u64;
         let out =
             if batch.num_rows() > 0 { self.encoder.batch(&batch, &mut self.first_row)? } else { Vec::new() };
-        self.log.bytes += out.len() as u64;
-        if self.log.bytes > self.cap.bytes && !matches!(self.phase, Phase::Truncated(_)) {
+        self.encoded += out.len() as u64;
+        if self.encoded > self.cap.bytes && matches!(self.phase, Phase::Body) {
             self.phase = Phase::Truncated(format!(
                 "the result is larger than {} bytes (--max-result-bytes)",
                 self.cap.bytes
             ));
         }
         Ok(out)
+    }
+
+    /// Ends a result cut at a cap in the encoding's own words (Basin's `messages`), or, when it
+    /// has none, with an error, so a cut result is never taken for a whole one.
+    fn truncate(&mut self, why: String) -> Result<Vec<u8>, SkiffError> {
+        self.phase = Phase::Done;
+        let tail = self.encoder.tail_truncated(&why).ok_or(SkiffError::ResultTooLarge(why))??;
+        self.log.truncated = true;
+        Ok(tail)
     }
 }
 
@@ -425,6 +461,13 @@ impl<E> BodyState<E> {
 
 impl From<arrow::error::ArrowError> for SkiffError {
     fn from(e: arrow::error::ArrowError) -> Self {
-        SkiffError::Internal(format!("encoding the result: {e}"))
+        match e {
+            // An encoder's word that the query is at fault (`json::query_fault`).
+            arrow::error::ArrowError::ExternalError(inner) => match inner.downcast::<SkiffError>() {
+                Ok(e) => *e,
+                Err(other) => SkiffError::Internal(format!("encoding the result: {other}")),
+            },
+            e => SkiffError::Internal(format!("encoding the result: {e}")),
+        }
     }
 }
