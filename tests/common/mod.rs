@@ -7,6 +7,7 @@ use std::io::Read;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 pub const TOKEN: &str = "test-token-5f2e";
@@ -148,6 +149,7 @@ impl Server {
         }
         cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
         let child = cmd.spawn().expect("spawn skiff");
+        running(child.id(), true);
         let mut server = Server {
             child,
             base: format!("http://127.0.0.1:{port}"),
@@ -264,6 +266,33 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        running(self.child.id(), false);
+    }
+}
+
+/// Servers still running. A server shared by a file's tests lives in a `static`, which is
+/// never dropped: without this, it outlived the test binary.
+static RUNNING: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+fn running(pid: u32, started: bool) {
+    static AT_EXIT: std::sync::Once = std::sync::Once::new();
+    AT_EXIT.call_once(|| {
+        // SAFETY: registers a plain function; libtest's `main` returns through `exit`.
+        unsafe { libc::atexit(stop_running) };
+    });
+    let mut pids = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+    if started {
+        pids.push(pid);
+    } else {
+        pids.retain(|&p| p != pid);
+    }
+}
+
+extern "C" fn stop_running() {
+    let pids = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+    for &pid in pids.iter() {
+        // SAFETY: a signal to a process this binary started and has not waited for.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
     }
 }
 
