@@ -255,8 +255,8 @@ fn was_promoted(table: &Table, name: &str) -> bool {
 }
 
 /// The current snapshot's files from skiff's own manifests, which plan every scan except of
-/// an evolved schema (read by Iceberg's reader) and of files with deletes (matched to their
-/// data files by Iceberg's planning).
+/// a table read by field id (by Iceberg's reader, see [`reads_by_field_id`]) and of files with
+/// deletes (matched to their data files by Iceberg's planning).
 pub(super) async fn manifest_files(
     table: &Table,
     schema: &SchemaRef,
