@@ -118,14 +118,10 @@ pub fn encoder(array: &dyn Array) -> Result<Box<dyn Encode + '_>, ArrowError> {
             })
         }};
     }
-    // ryu prints an f32 with the digits of an f32: 0.1, not the 0.10000000149011612 it widens to.
     macro_rules! floats {
         ($t:ty) => {{
             let a = array.as_primitive::<$t>();
-            boxed(array, move |i, out: &mut Vec<u8>| match a.value(i) {
-                v if v.is_finite() => out.extend_from_slice(ryu::Buffer::new().format_finite(v).as_bytes()),
-                _ => out.extend_from_slice(b"null"),
-            })
+            boxed(array, move |i, out: &mut Vec<u8>| write_float(out, a.value(i)))
         }};
     }
     Ok(match array.data_type() {
@@ -148,7 +144,7 @@ pub fn encoder(array: &dyn Array) -> Result<Box<dyn Encode + '_>, ArrowError> {
         DataType::UInt64 => ints!(UInt64Type),
         DataType::Float16 => {
             let a = array.as_primitive::<Float16Type>();
-            boxed(array, move |i, out: &mut Vec<u8>| write_f64(out, f16_shortest(a.value(i))))
+            boxed(array, move |i, out: &mut Vec<u8>| write_float(out, f16_shortest(a.value(i))))
         }
         DataType::Float32 => floats!(Float32Type),
         DataType::Float64 => floats!(Float64Type),
@@ -446,8 +442,10 @@ fn write_time(out: &mut Vec<u8>, v: i64, nanos_unit: bool) {
     }
 }
 
-fn write_f64(out: &mut Vec<u8>, v: f64) {
-    if v.is_finite() {
+/// A float in the shortest digits of its own width (an f32 as `0.1`, not the
+/// `0.10000000149011612` it widens to); NaN and ±Infinity as `null`.
+fn write_float<F: ryu::Float + Into<f64>>(out: &mut Vec<u8>, v: F) {
+    if v.into().is_finite() {
         out.extend_from_slice(ryu::Buffer::new().format_finite(v).as_bytes());
     } else {
         out.extend_from_slice(b"null");

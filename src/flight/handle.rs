@@ -23,13 +23,15 @@ const MAGIC: &[u8] = b"skiff-stmt-1\n";
 pub struct Statement {
     pub sql: String,
     params: Option<RecordBatch>,
+    /// How many values it takes, when the text says (see [`parameter_count`]).
+    takes: Option<usize>,
 }
 
 impl Statement {
     /// Refuses SQL that mixes `?` and `$n` placeholders (see [`parameter_count`]).
     pub fn new(sql: String) -> Result<Self> {
-        parameter_count(&sql)?;
-        Ok(Self { sql, params: None })
+        let takes = parameter_count(&sql)?;
+        Ok(Self { sql, params: None, takes })
     }
 
     /// Binds parameter values. A prepared query runs once per execution, so exactly one row
@@ -40,7 +42,7 @@ impl Statement {
             0 => self.params = None,
             1 => {
                 let got = batch.num_columns();
-                if let Some(want) = parameter_count(&self.sql)?
+                if let Some(want) = self.takes
                     && got != want
                 {
                     return Err(SkiffError::BadRequest(format!(

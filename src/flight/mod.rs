@@ -42,6 +42,7 @@ use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::Auth;
+use crate::engine::Described;
 use crate::error::SkiffError;
 use crate::http::AppState;
 use crate::observe::QueryLog;
@@ -240,6 +241,20 @@ impl FlightSqlServer {
         Ok(Box::pin(logged))
     }
 
+    /// A new statement, planned for its schema without running it; a failure is logged.
+    async fn plan_new(
+        &self,
+        sql: String,
+        md: &MetadataMap,
+        route: &'static str,
+    ) -> Result<(Described, Statement), Status> {
+        let planned = async {
+            let stmt = Statement::new(sql.clone())?;
+            Ok((self.state.engine.describe(&stmt.sql, Vec::new()).await?, stmt))
+        };
+        logged(planned.await, &sql, md, route)
+    }
+
     /// A one-batch answer (metadata listings), encoded as Flight data.
     fn once(batch: RecordBatch) -> Response<DoGetStream> {
         let data =
@@ -289,11 +304,7 @@ impl FlightSqlService for FlightSqlServer {
         cmd: CommandStatementQuery,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let planned = async {
-            let stmt = Statement::new(cmd.query.clone())?;
-            Ok::<_, SkiffError>((self.state.engine.describe(&stmt.sql, Vec::new()).await?, stmt))
-        };
-        let (described, stmt) = logged(planned.await, &cmd.query, request.metadata(), "flight:statement")?;
+        let (described, stmt) = self.plan_new(cmd.query, request.metadata(), "flight:statement").await?;
         let ticket = TicketStatementQuery { statement_handle: stmt.encode()? };
         Self::info(described.schema, ticket, request.into_inner())
     }
@@ -312,11 +323,7 @@ impl FlightSqlService for FlightSqlServer {
         cmd: ActionCreatePreparedStatementRequest,
         request: Request<arrow_flight::Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
-        let planned = async {
-            let stmt = Statement::new(cmd.query.clone())?;
-            Ok::<_, SkiffError>((self.state.engine.describe(&stmt.sql, Vec::new()).await?, stmt))
-        };
-        let (described, stmt) = logged(planned.await, &cmd.query, request.metadata(), "flight:prepared")?;
+        let (described, stmt) = self.plan_new(cmd.query, request.metadata(), "flight:prepared").await?;
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: stmt.encode()?,
             dataset_schema: schema_ipc(&flight_schema(described.schema))?,
