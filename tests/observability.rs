@@ -194,13 +194,22 @@ fn post_as(s: &Server, path: &str, id: &str, sql: &str) -> reqwest::blocking::Re
         .unwrap()
 }
 
+/// `post_as`, reading the whole answer as a client does: a query is finished (and counted as
+/// `ok`) once its last byte is sent, and a client that hangs up before that cancels it.
+fn answered(s: &Server, path: &str, id: &str, sql: &str) -> u16 {
+    let r = post_as(s, path, id, sql);
+    let status = r.status().as_u16();
+    r.bytes().unwrap();
+    status
+}
+
 #[test]
 fn metrics_count_requests_queries_scans_and_errors() {
     let (_d, s) = serve(&["--memory-limit", "64MiB"]);
     let (_, m0) = scrape(&s);
     let sql = "SELECT max(event) AS m FROM glass.events";
 
-    assert_eq!(post_as(&s, "/query", "m-ok", sql).status(), 200);
+    assert_eq!(answered(&s, "/query", "m-ok", sql), 200);
     let v: Value = s.post(BASIN, json!({ "query": sql }).to_string()).json().unwrap();
     assert_eq!(v["success"], true, "{v}");
     let files = v["result"]["metrics"]["files_scanned"].as_f64().unwrap();
@@ -353,9 +362,9 @@ fn queries_by_id(s: &Server, reader: &str) -> BTreeMap<String, Value> {
 #[test]
 fn system_queries_lists_finished_and_running_queries() {
     let (_d, s) = serve(&[]);
-    assert_eq!(post_as(&s, "/query", "q-ok", "SELECT count(*) AS n FROM glass.events").status(), 200);
-    assert_eq!(post_as(&s, "/query", "q-syntax", "SELEC 1").status(), 400);
-    assert_eq!(post_as(&s, BASIN, "q-basin", "SELECT * FROM glass.nope").status(), 400);
+    assert_eq!(answered(&s, "/query", "q-ok", "SELECT count(*) AS n FROM glass.events"), 200);
+    assert_eq!(answered(&s, "/query", "q-syntax", "SELEC 1"), 400);
+    assert_eq!(answered(&s, BASIN, "q-basin", "SELECT * FROM glass.nope"), 400);
     // A big result whose client does not read: its query stays running.
     let held = post_as(&s, "/query", "q-held", "SELECT value FROM generate_series(1, 3000000)");
     assert_eq!(held.status(), 200);
@@ -434,7 +443,7 @@ fn system_queries_shows_sql_only_with_log_sql_and_keeps_a_bounded_history() {
         ..Default::default()
     });
     for i in 0..5 {
-        assert_eq!(post_as(&s, "/query", &format!("h-{i}"), &format!("SELECT {i} AS i")).status(), 200);
+        assert_eq!(answered(&s, "/query", &format!("h-{i}"), &format!("SELECT {i} AS i")), 200);
     }
     let rows = queries_by_id(&s, "reader");
     let finished: Vec<&String> = rows.keys().filter(|k| k.starts_with("h-")).collect();
