@@ -569,8 +569,13 @@ impl LocalFile {
                 Some(f) => f,
                 None => Arc::new(std::fs::File::open(&path)?),
             };
+            // A footer can claim any range: none is allocated past the file's end.
+            let len = file.metadata()?.len();
             let mut out = Vec::with_capacity(ranges.len());
             for r in ranges {
+                if r.end > len || r.start > r.end {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
                 let mut buf = vec![0u8; (r.end - r.start) as usize];
                 file.read_exact_at(&mut buf, r.start)?;
                 out.push(Bytes::from(buf));
@@ -798,6 +803,27 @@ mod tests {
         for remote in ["s3://bucket/a.parquet", "memory:/a.parquet", "lake/a.parquet"] {
             assert_eq!(p(remote), None, "{remote}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_local_range_past_the_end_is_a_short_file_not_an_allocation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.parquet");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let mut f = LocalFile { path, file: None };
+        let read = f.read(vec![2..5, 8..10], "file:///a.parquet").await.unwrap();
+        assert_eq!(read, vec![Bytes::from_static(b"234"), Bytes::from_static(b"89")]);
+        // A corrupt footer may claim a chunk of any size: without the check this would
+        // allocate 4 EiB and abort.
+        let e = f.read(vec![0..1 << 62], "file:///a.parquet").await.unwrap_err().to_string();
+        assert!(e.contains("file:///a.parquet: the file is shorter"), "{e}");
+        let missing = LocalFile { path: dir.path().join("gone.parquet"), file: None }
+            .read(vec![0..1], "file:///gone.parquet")
+            .await
+            .unwrap_err();
+        let parquet::errors::ParquetError::External(inner) = missing else { panic!("{missing}") };
+        let ie = inner.downcast_ref::<iceberg::Error>().expect("an Iceberg error: an outage");
+        assert!(ie.to_string().contains("gone.parquet"), "{ie}");
     }
 
     #[test]
