@@ -815,10 +815,11 @@ mod tests {
         assert_eq!(read, vec![Bytes::from_static(b"234"), Bytes::from_static(b"89")]);
         // A corrupt footer may claim a chunk of any size: without the check this would
         // allocate 4 EiB and abort.
-        let e = f.read(vec![0..1 << 62], "file:///a.parquet").await.unwrap_err().to_string();
+        let huge: Range<u64> = 0..1 << 62;
+        let e = f.read(vec![huge], "file:///a.parquet").await.unwrap_err().to_string();
         assert!(e.contains("file:///a.parquet: the file is shorter"), "{e}");
         let missing = LocalFile { path: dir.path().join("gone.parquet"), file: None }
-            .read(vec![0..1], "file:///gone.parquet")
+            .read(vec![Range { start: 0, end: 1 }], "file:///gone.parquet")
             .await
             .unwrap_err();
         let parquet::errors::ParquetError::External(inner) = missing else { panic!("{missing}") };
