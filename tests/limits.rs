@@ -192,8 +192,10 @@ fn a_cpu_bound_query_does_not_hold_up_health_checks_timers_or_the_queue() {
         20_000,
         &["--query-timeout", "3s", "--max-concurrent-queries", "1", "--queue-timeout", "1s"],
     );
-    // A join of 20k x 20k rows: tens of seconds of CPU unless cancelled.
-    let heavy = "SELECT count(*) AS n FROM glass.events a, glass.events b WHERE a.event_id < b.event_id";
+    // A join of 20k x 20k rows with two md5s per pair: over a minute here unless cancelled. (A
+    // bare `a.event_id < b.event_id` finished inside the 3 s deadline on a faster CI machine.)
+    let heavy = "SELECT count(*) AS n FROM glass.events a, glass.events b \
+                 WHERE md5(a.event_id || b.event_id) < md5(b.event_id || a.event_id)";
     let started = Instant::now();
     let base = s.base.clone();
     let running = std::thread::spawn(move || {
@@ -221,6 +223,23 @@ fn a_cpu_bound_query_does_not_hold_up_health_checks_timers_or_the_queue() {
     let (status, took) = running.join().unwrap();
     assert_eq!(status, 504);
     assert!(took < Duration::from_secs(6), "the 504 took {took:?}");
+    // The cancelled query stops computing, here within ~1 s. Before its join yielded, it kept
+    // the query threads busy for ~7 s after its 504, and the next query timed out behind it.
+    eventually(4, || {
+        let before = cpu_seconds(s.pid());
+        std::thread::sleep(Duration::from_millis(500));
+        (cpu_seconds(s.pid()) - before < 0.2).then_some(())
+    });
     // The cancelled query gives its slot back.
     assert_eq!(s.rows("SELECT 1 AS one")[0]["one"], 1);
+}
+
+/// User and system CPU time a process has used, from /proc/<pid>/stat.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces): utime and stime are the 12th and 13th.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
 }

@@ -1,7 +1,7 @@
 //! What keeps one query, or many, from taking the server down: admission (at most N
 //! running, M waiting, each waiting at most T), a deadline over the whole life of a query,
-//! the memory pool's size, how deeply a query may nest, and what a batch held in memory is
-//! counted as.
+//! the memory pool's size, how deeply a query may nest, what a batch held in memory is
+//! counted as, and joins that give a cancelled query the chance to stop.
 
 use std::ops::ControlFlow;
 use std::pin::Pin;
@@ -14,8 +14,13 @@ use arrow::array::{Array, ArrayRef, AsArray};
 use arrow::buffer::NullBuffer;
 use arrow::datatypes::{DataType, SchemaRef};
 use arrow::record_batch::RecordBatch;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result as DFResult};
-use datafusion::physical_plan::{RecordBatchStream, SendableRecordBatchStream};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::coop::CooperativeExec;
+use datafusion::physical_plan::joins::{CrossJoinExec, NestedLoopJoinExec};
+use datafusion::physical_plan::{ExecutionPlan, RecordBatchStream, SendableRecordBatchStream};
 use datafusion::sql::parser::Statement;
 use datafusion::sql::sqlparser::ast::{Expr, Query, SetExpr, Visit, Visitor};
 use futures::{FutureExt, Stream};
@@ -249,6 +254,39 @@ pub fn compact_views(batch: RecordBatch) -> DFResult<RecordBatch> {
         return Ok(batch);
     }
     Ok(RecordBatch::try_new(batch.schema(), columns)?)
+}
+
+/// A cancelled or timed-out query stops where its task next yields, and a task yields only
+/// when a stream in it returns `Pending`. A nested-loop or cross join can turn one input
+/// batch into seconds of output batches without polling its inputs, and so without
+/// yielding: its query kept both query threads busy long after its 504. Each output batch of
+/// such a join now spends tokio's cooperative budget, so the task yields every 128 batches.
+#[derive(Debug, Default)]
+pub struct YieldingJoins;
+
+impl PhysicalOptimizerRule for YieldingJoins {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            let any = node.as_any();
+            if any.is::<NestedLoopJoinExec>() || any.is::<CrossJoinExec>() {
+                return Ok(Transformed::yes(Arc::new(CooperativeExec::new(node)) as Arc<dyn ExecutionPlan>));
+            }
+            Ok(Transformed::no(node))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "yielding_joins"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
 }
 
 /// How deeply expressions and set operations may nest. The parser reads `a OR b OR …` and
