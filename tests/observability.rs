@@ -541,7 +541,7 @@ fn gauges_show_running_and_queued_queries_and_pool_memory() {
     drop(held);
     assert_eq!(waiting.join().unwrap(), 200);
     // The slot frees when the client goes; the held query's task, on the query runtime, frees
-    // its sort's memory a moment later, when it sees that (CI once scraped in between).
+    // its sort's memory a moment later, when it sees that (a test run once scraped in between).
     let m = eventually(5, || {
         let (_, m) = scrape(&s);
         (get(&m, "skiff_memory_pool_reserved_bytes", &[]) == 0.0).then_some(m)
