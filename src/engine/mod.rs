@@ -206,6 +206,7 @@ impl Engine {
         rules.push(Arc::new(crate::lake::SelectiveFirst));
         // Last: it only changes how a string equality is computed, once the plan is final.
         rules.push(Arc::new(string_eq::StringEqualities));
+        // After every rule that looks for joins: it wraps them so a cancel takes effect.
         rules.push(Arc::new(limits::YieldingJoins));
         let logical_rules = count_distinct::keep_distinct_strings(state.optimizers());
         let state = SessionStateBuilder::new_from_existing(state)
