@@ -111,7 +111,23 @@ impl Server {
         Self::start(Opts { args: lake_args(dir), ..Default::default() })
     }
 
+    /// Starts `skiff serve` on ports picked here. A port found free can be taken by another
+    /// test's server before skiff binds it; then skiff exits, and it is started again on others.
     pub fn start(opts: Opts) -> Server {
+        for _ in 0..5 {
+            let mut server = Self::spawn(&opts);
+            match server.wait_ready() {
+                Ok(()) => return server,
+                Err(log)
+                    if log.contains("Address already in use")
+                        && !opts.args.iter().any(|a| a == "--flight-addr") => {}
+                Err(log) => panic!("skiff exited before it was ready:\n{log}"),
+            }
+        }
+        panic!("skiff found its ports taken five times over");
+    }
+
+    fn spawn(opts: &Opts) -> Server {
         let port = free_port();
         let logdir = tempdir();
         let log = logdir.path().join("skiff.log");
@@ -150,29 +166,28 @@ impl Server {
         cmd.stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
         let child = cmd.spawn().expect("spawn skiff");
         running(child.id(), true);
-        let mut server = Server {
+        Server {
             child,
             base: format!("http://127.0.0.1:{port}"),
             flight,
             token: opts.token.map(String::from),
             log,
             _logdir: logdir,
-        };
-        server.wait_ready();
-        server
+        }
     }
 
-    fn wait_ready(&mut self) {
+    /// Ready, or the log of a skiff that exited first.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(120);
         let client = reqwest::blocking::Client::new();
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("skiff exited with {status} before it was ready:\n{}", self.log_text());
+                return Err(format!("({status}) {}", self.log_text()));
             }
             if let Ok(r) = client.get(format!("{}/_health", self.base)).send()
                 && r.status().is_success()
             {
-                return;
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
