@@ -114,13 +114,16 @@ impl Server {
     /// Starts `skiff serve` on ports picked here. A port found free can be taken by another
     /// test's server before skiff binds it; then skiff exits, and it is started again on others.
     pub fn start(opts: Opts) -> Server {
+        let flight_picked = !opts.args.iter().any(|a| a == "--flight-addr");
         for _ in 0..5 {
             let mut server = Self::spawn(&opts);
+            let mut picked = vec![server.base.trim_start_matches("http://").to_string()];
+            if flight_picked {
+                picked.push(server.flight.clone());
+            }
             match server.wait_ready() {
                 Ok(()) => return server,
-                Err(log)
-                    if log.contains("Address already in use")
-                        && !opts.args.iter().any(|a| a == "--flight-addr") => {}
+                Err(log) if picked.iter().any(|a| log.contains(&format!("cannot listen on {a}"))) => {}
                 Err(log) => panic!("skiff exited before it was ready:\n{log}"),
             }
         }
