@@ -86,8 +86,9 @@ pub struct ServeConfig {
     #[arg(long, env = "SKIFF_REFRESH_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub refresh_interval: Duration,
 
-    /// Read every table's current manifests at start, in the background, so the first queries
-    /// plan from memory (`false` leaves each table to its first query).
+    /// Read every table's current manifests and data files' Parquet footers at start, in the
+    /// background, so the first queries plan and open files from memory (`false` leaves each
+    /// table to its first query).
     #[arg(long, env = "SKIFF_WARM_ON_START", default_value_t = true, action = clap::ArgAction::Set)]
     pub warm_on_start: bool,
 

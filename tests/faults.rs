@@ -335,10 +335,11 @@ fn a_repeated_query_reads_no_metadata_file_until_a_commit() {
     assert_eq!(proxy.hits(), [1], "and not again");
 }
 
-/// With `--warm-on-start`, the manifest lists and manifests a table's first query would read
-/// are read at start, in the background: once that is done, the first query reads none.
+/// With `--warm-on-start`, the manifest lists, manifests and Parquet footers a table's first
+/// query would read are read at start, in the background: once that is done, the first query
+/// reads none of them.
 #[test]
-fn manifests_read_at_start_spare_the_first_query() {
+fn manifests_and_footers_read_at_start_spare_the_first_query() {
     let lake = s3_lake();
     let proxy = Proxy::start(&lake.s3.url());
     // Manifest lists and manifests.
@@ -347,6 +348,8 @@ fn manifests_read_at_start_spare_the_first_query() {
     let expected = s.rows(SQL);
     let cold = proxy.hits()[0];
     assert!(cold >= 2, "without reads at start, the first query reads a manifest list and manifests: {cold}");
+    let cold_footers = cache_misses(&s, "parquet_footer");
+    assert!(cold_footers >= 2.0, "without reads at start, the first query loads footers: {cold_footers}");
     drop(s);
 
     proxy.count_reads("\\.avro$");
@@ -355,13 +358,34 @@ fn manifests_read_at_start_spare_the_first_query() {
     assert!(line.contains("failed=0"), "{line}");
     let at_start = proxy.hits()[0];
     assert!(at_start >= cold, "every table's manifests, glass.events' among them: {at_start} < {cold}");
+    let footers = cache_misses(&s, "parquet_footer");
+    assert!(
+        footers >= cold_footers,
+        "every table's footers, glass.events' among them: {footers} < {cold_footers}"
+    );
+    assert!(line.contains(&format!("footers={footers}")), "{line}");
     assert_eq!(s.rows(SQL), expected);
     assert_eq!(proxy.hits()[0], at_start, "the first query read no manifest list or manifest");
+    assert_eq!(cache_misses(&s, "parquet_footer"), footers, "the first query loaded no footer");
+}
+
+/// A server's count of look-ups that `cache` could not answer, from `/metrics`.
+fn cache_misses(s: &Server, cache: &str) -> f64 {
+    let r = client().get(format!("{}/metrics", s.base)).bearer_auth(TOKEN).send().unwrap();
+    let text = r.text().unwrap();
+    let line = format!("skiff_cache_misses_total{{cache=\"{cache}\"}} ");
+    let n = text
+        .lines()
+        .find_map(|l| l.strip_prefix(line.as_str()))
+        .unwrap_or_else(|| panic!("{line} in:\n{text}"));
+    n.parse::<f64>().unwrap()
 }
 
 /// The log line of a server's manifest reads at start, once they are done.
 fn reads_at_start(s: &Server) -> String {
-    eventually(20, || s.log_text().lines().find(|l| l.contains("manifests read at start")).map(String::from))
+    eventually(20, || {
+        s.log_text().lines().find(|l| l.contains("manifests and footers read at start")).map(String::from)
+    })
 }
 
 /// A burst of queries on a cold server shares each metadata read: four at once read every
@@ -379,21 +403,11 @@ fn concurrent_cold_queries_read_each_manifest_and_footer_once_and_build_snapshot
             {"action": "delay", "delay_ms": 100, "match": "data"},
         ]}));
     };
-    let misses = |s: &Server, cache: &str| {
-        let r = client().get(format!("{}/metrics", s.base)).bearer_auth(TOKEN).send().unwrap();
-        let text = r.text().unwrap();
-        let line = format!("skiff_cache_misses_total{{cache=\"{cache}\"}} ");
-        let n = text
-            .lines()
-            .find_map(|l| l.strip_prefix(line.as_str()))
-            .unwrap_or_else(|| panic!("{line} in:\n{text}"));
-        n.parse::<f64>().unwrap()
-    };
     slow();
     let s = serve_sql_on_s3(&lake, &proxy.url(), &[]);
     let expected = s.rows(SQL);
-    let (metadata, files) = (proxy.hits()[0], misses(&s, "parquet_footer"));
-    let snapshots = misses(&s, "snapshot_files");
+    let (metadata, files) = (proxy.hits()[0], cache_misses(&s, "parquet_footer"));
+    let snapshots = cache_misses(&s, "snapshot_files");
     assert!(metadata >= 2, "a manifest list and its manifests: {metadata}");
     assert!(files >= 2.0, "the table's data files: {files}");
     assert!(snapshots >= 1.0, "the table's snapshot: {snapshots}");
@@ -407,9 +421,9 @@ fn concurrent_cold_queries_read_each_manifest_and_footer_once_and_build_snapshot
     });
     assert!(answers.iter().all(|a| *a == expected), "{answers:?}");
     assert_eq!(proxy.hits()[0], metadata, "four cold queries read each metadata file once");
-    assert_eq!(misses(&s, "parquet_footer"), files, "four cold queries load each footer once");
+    assert_eq!(cache_misses(&s, "parquet_footer"), files, "four cold queries load each footer once");
     assert_eq!(
-        misses(&s, "snapshot_files"),
+        cache_misses(&s, "snapshot_files"),
         snapshots,
         "four cold queries build the snapshot's statistics once"
     );

@@ -166,6 +166,11 @@ impl Caches {
         get_or_load(&self.footers, &self.footer_loads, "parquet_footer", location, load).await
     }
 
+    /// Whether footers fill half the cache: reading more at start would evict what queries read.
+    pub fn footers_half_full(&self) -> bool {
+        self.footers.weighted_size() >= FOOTER_BYTES / 2
+    }
+
     pub async fn selectivity(&self, key: &str) -> Option<Sample> {
         let hit = self.selectivities.get(key).await;
         if hit.is_some() {

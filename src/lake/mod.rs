@@ -107,9 +107,10 @@ impl Lake {
         });
     }
 
-    /// Reads every listed table's current manifests into the caches, in the background, so
-    /// the first queries after a start plan from memory: what each table's first query would
-    /// read anyway. A table that fails here is left for its queries to report.
+    /// Reads every listed table's current manifests and data files' footers into the caches,
+    /// in the background, so the first queries after a start plan and open files from memory:
+    /// what each table's first query would read anyway. A table that fails here is left for
+    /// its queries to report.
     pub fn spawn_warm(self: &Arc<Self>) {
         let lake = self.clone();
         tokio::spawn(async move {
@@ -130,22 +131,27 @@ impl Lake {
                     })
                 }
             });
-            let failed = futures::stream::iter(warm)
-                .buffer_unordered(WARM_TABLES)
-                .filter(|r| futures::future::ready(r.is_err()))
-                .count()
-                .await;
+            let (mut failed, mut footers) = (0, 0);
+            let mut warmed = futures::stream::iter(warm).buffer_unordered(WARM_TABLES);
+            while let Some(r) = warmed.next().await {
+                match r {
+                    Ok(n) => footers += n,
+                    Err(_) => failed += 1,
+                }
+            }
             tracing::info!(
                 tables,
                 failed,
+                footers,
                 elapsed_ms = started.elapsed().as_millis() as u64,
-                "manifests read at start"
+                "manifests and footers read at start"
             );
         });
     }
 
-    /// One table of [`Self::spawn_warm`]: loaded as a query would, then its manifests read.
-    async fn warm_table(&self, ns: &str, name: &str) -> Result<(), SkiffError> {
+    /// One table of [`Self::spawn_warm`]: loaded as a query would, then its manifests and
+    /// footers read. Returns the footers read.
+    async fn warm_table(&self, ns: &str, name: &str) -> Result<usize, SkiffError> {
         let table = self.load(ns, name).await?;
         PhysicalTable::try_new(table, self.caches.clone())?.warm().await
     }

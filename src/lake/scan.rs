@@ -42,11 +42,12 @@ use futures::{FutureExt, StreamExt, TryStreamExt};
 use iceberg::arrow::ArrowFileReader;
 use iceberg::io::{FileIO, FileMetadata};
 use iceberg::scan::FileScanTask;
+use iceberg::spec::DataFileFormat;
 use iceberg::table::Table;
 use iceberg_datafusion::physical_plan::convert_filters_to_predicate;
 use parquet::arrow::arrow_reader::ArrowReaderOptions;
 use parquet::arrow::async_reader::AsyncFileReader;
-use parquet::file::metadata::ParquetMetaData;
+use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
 
 use super::cache::Caches;
 use super::data_cache::DataCache;
@@ -267,6 +268,47 @@ pub(super) async fn manifest_files(
         return Ok(None);
     }
     file_stats::snapshot_files(table, schema, caches).await.map(Some)
+}
+
+/// Footers read at once by [`warm_footers`].
+const FOOTER_READS: usize = 16;
+
+/// Reads the Parquet footers of a snapshot's data files into the footer cache, as each file's
+/// first query would (on R2, a round trip per file), until the cache is half full. Returns how
+/// many were read; a file that cannot be read is left for the queries that read it to report.
+pub(super) async fn warm_footers(table: &Table, files: &SnapshotFiles, caches: &Arc<Caches>) -> usize {
+    // Files with deletes go through Iceberg's reader, which reads their footers itself.
+    if files.has_deletes {
+        return 0;
+    }
+    let factory = Arc::new(FileIoReaderFactory {
+        file_io: table.file_io().clone(),
+        stats: Arc::default(),
+        caches: caches.clone(),
+    });
+    let reads: Vec<_> = files
+        .files
+        .iter()
+        .filter(|f| f.format == DataFileFormat::Parquet)
+        .map(|f| {
+            let (factory, path, size) = (factory.clone(), f.path.clone(), f.size);
+            async move {
+                if factory.caches.footers_half_full() {
+                    return None;
+                }
+                // As DataFusion's scan loads a footer: a query that prunes pages reads the
+                // page index itself.
+                let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Skip);
+                factory.open(path, size).ok()?.get_metadata(Some(&options)).await.ok()
+            }
+        })
+        .collect();
+    let mut read = futures::stream::iter(reads).buffer_unordered(FOOTER_READS);
+    let mut count = 0;
+    while let Some(footer) = read.next().await {
+        count += usize::from(footer.is_some());
+    }
+    count
 }
 
 /// DataFusion's Parquet scan reads columns by name, which is only right while the table's

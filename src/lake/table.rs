@@ -36,11 +36,13 @@ impl PhysicalTable {
         Ok(Self { table, schema, caches })
     }
 
-    /// Reads what planning a scan of the current snapshot needs (its manifest list and
-    /// manifests) into the caches, as a scan would.
-    pub async fn warm(&self) -> Result<(), SkiffError> {
-        scan::manifest_files(&self.table, &self.schema, &self.caches).await?;
-        Ok(())
+    /// Reads what a first scan of the current snapshot needs (its manifest list, manifests
+    /// and data files' footers) into the caches, as a scan would. Returns the footers read.
+    pub async fn warm(&self) -> Result<usize, SkiffError> {
+        match scan::manifest_files(&self.table, &self.schema, &self.caches).await? {
+            Some(files) => Ok(scan::warm_footers(&self.table, &files, &self.caches).await),
+            None => Ok(0),
+        }
     }
 
     /// The table, snapshot and schema this provider reads: its data cannot change while
