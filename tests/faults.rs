@@ -381,7 +381,7 @@ fn cache_misses(s: &Server, cache: &str) -> f64 {
     n.parse::<f64>().unwrap()
 }
 
-/// The log line of a server's manifest reads at start, once they are done.
+/// The log line of a server's manifest and footer reads at start, once they are done.
 fn reads_at_start(s: &Server) -> String {
     eventually(20, || {
         s.log_text().lines().find(|l| l.contains("manifests and footers read at start")).map(String::from)
