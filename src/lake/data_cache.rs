@@ -204,8 +204,15 @@ fn alive(pid: u32) -> bool {
 }
 
 impl Drop for Disk {
+    /// A chunk write still in flight can land while the folder is being emptied, which makes
+    /// removing it fail; once the folder is gone such writes fail instead, so a few tries do.
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        for _ in 0..8 {
+            match std::fs::remove_dir_all(&self.dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => continue,
+                _ => break,
+            }
+        }
     }
 }
 
@@ -327,6 +334,25 @@ mod tests {
         let own = disk.dir.clone();
         drop(cache);
         assert!(!own.exists(), "the folder goes with the cache");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_folder_goes_even_with_writes_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        for round in 0..20 {
+            let cache = DataCache::new(0, 64 << 20, dir.path()).unwrap().unwrap();
+            let disk = cache.disk.as_ref().unwrap();
+            let own = disk.dir.clone();
+            for i in 0..64 {
+                disk.put((format!("s3://b/{round}").into(), i), Bytes::from(vec![0u8; 4096]));
+            }
+            // Some writes land while the folder is removed, some after.
+            tokio::task::yield_now().await;
+            drop(cache);
+            assert!(!own.exists(), "round {round}: the folder outlived its cache");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            assert!(!own.exists(), "round {round}: a late write made the folder again");
+        }
     }
 
     #[test]
