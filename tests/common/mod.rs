@@ -216,6 +216,17 @@ impl Server {
         req.send().expect("request")
     }
 
+    /// One sample of `/metrics`, named as the text shows it (`skiff_cache_hits_total{cache="result"}`).
+    pub fn metric(&self, sample: &str) -> f64 {
+        let mut req = client().get(format!("{}/metrics", self.base));
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let text = req.send().expect("request").text().expect("body");
+        let value = text.lines().find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '));
+        value.unwrap_or_else(|| panic!("{sample} in:\n{text}")).parse().expect("a number")
+    }
+
     /// `POST /query`, returning status and parsed JSON.
     pub fn query(&self, sql: &str) -> (u16, serde_json::Value) {
         let r = self.post("/query", serde_json::json!({ "query": sql }).to_string());
