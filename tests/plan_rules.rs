@@ -93,3 +93,61 @@ fn a_shared_subquery_gives_a_window_its_rows_sorted() {
         assert_eq!(v["result"]["metrics"]["files_scanned"], 5, "{}", v["result"]["metrics"]);
     }
 }
+
+/// Bytes a query read from data files (`x-skiff-bytes-scanned`).
+fn bytes_read(s: &Server, sql: &str) -> u64 {
+    let r = s.post("/query", json!({ "query": sql }).to_string());
+    assert_eq!(r.status(), 200);
+    r.headers()["x-skiff-bytes-scanned"].to_str().unwrap().parse().unwrap()
+}
+
+/// A filter and a bucket that a file's id bounds decide are decided once for the file
+/// (`lake/per_file.rs`), and the file's rows are then not read at all. Files hold ids 0-9,
+/// 100-109, 200-202, 300 and 400-403.
+#[test]
+fn a_files_bounds_decide_its_filter_and_buckets() {
+    let s = &lake().1;
+    let buckets = "SELECT id / 100 AS b, count(*) AS n FROM glass.tk WHERE id >= 100 GROUP BY 1 ORDER BY 1";
+    assert!(plan(s, buckets).contains("folded per file"), "{}", plan(s, buckets));
+    let want = json!([{"b": 1, "n": 10}, {"b": 2, "n": 3}, {"b": 3, "n": 1}, {"b": 4, "n": 4}]);
+    assert_eq!(Value::Array(s.rows(buckets)), want);
+    // Every file is decided by its bounds, so no column is read; `id % 100` needs every id.
+    assert_eq!(bytes_read(s, buckets), 0);
+    assert!(bytes_read(s, &buckets.replace("id / 100", "id % 100")) > 0);
+
+    // A filter edge inside the file of 100-109, and buckets of 5 that split it and no other.
+    let edges = "SELECT id / 5 AS b, count(*) AS n, min(id) AS lo FROM glass.tk \
+                 WHERE id >= 105 AND id < 300 GROUP BY 1 ORDER BY 1";
+    assert!(plan(s, edges).contains("folded per file"), "{}", plan(s, edges));
+    let want = json!([{"b": 21, "n": 5, "lo": 105}, {"b": 40, "n": 3, "lo": 200}]);
+    assert_eq!(Value::Array(s.rows(edges)), want);
+    let split = "SELECT id / 5 AS b, count(*) AS n FROM glass.tk WHERE id < 200 GROUP BY 1 ORDER BY 1";
+    let want = json!([
+        {"b": 0, "n": 5}, {"b": 1, "n": 5}, {"b": 20, "n": 5}, {"b": 21, "n": 5}
+    ]);
+    assert_eq!(Value::Array(s.rows(split)), want);
+}
+
+/// A group key of one table's column is computed next to that table's scan, below a join
+/// (`engine/group_keys.rs`), where the scan folds it per file; but never on the side of an
+/// outer join whose rows may be missing, where the key of the NULLs it adds is computed above.
+#[test]
+fn group_keys_go_to_the_scan_on_the_side_a_join_keeps() {
+    let s = &lake().1;
+    let kept = "SELECT t.id / 100 AS b, count(u.ev) AS n FROM glass.tk t \
+                LEFT JOIN (SELECT DISTINCT ev FROM glass.tk WHERE ev = 'x') u ON u.ev = t.ev \
+                WHERE t.id >= 100 GROUP BY 1 ORDER BY 1";
+    let p = plan(s, kept);
+    assert!(p.contains("__skiff_group_key_0") && p.contains("folded per file"), "{p}");
+    let want = json!([{"b": 1, "n": 10}, {"b": 2, "n": 0}, {"b": 3, "n": 0}, {"b": 4, "n": 0}]);
+    assert_eq!(Value::Array(s.rows(kept)), want);
+
+    // t's ids each matched with the id 100 above it, when there is one.
+    let missing = "SELECT coalesce(u.id, 0) / 100 AS b, count(*) AS n FROM glass.tk t \
+                   LEFT JOIN glass.tk u ON u.id = t.id + 100 GROUP BY 1 ORDER BY 1";
+    assert!(!plan(s, missing).contains("__skiff_group_key"), "{}", plan(s, missing));
+    let want = json!([
+        {"b": 0, "n": 13}, {"b": 1, "n": 10}, {"b": 2, "n": 3}, {"b": 3, "n": 1}, {"b": 4, "n": 1}
+    ]);
+    assert_eq!(Value::Array(s.rows(missing)), want);
+}

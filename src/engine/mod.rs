@@ -7,6 +7,7 @@ mod date_trunc;
 mod dialect;
 mod fast_path;
 mod functions;
+mod group_keys;
 mod json;
 pub mod limits;
 pub mod readonly;
@@ -204,11 +205,15 @@ impl Engine {
         rules.insert(at, Arc::new(window::WholePartitionWindows));
         rules.push(Arc::new(crate::lake::DynamicRowFilters));
         rules.push(Arc::new(crate::lake::SelectiveFirst));
-        // Last: it only changes how a string equality is computed, once the plan is final.
+        // It only changes how a string equality is computed, once the plan is final.
         rules.push(Arc::new(string_eq::StringEqualities));
+        // After the row-filter rules, which leave it the scans they do not take.
+        rules.push(Arc::new(crate::lake::FoldPerFile));
         // After every rule that looks for joins: it wraps them so a cancel takes effect.
         rules.push(Arc::new(limits::YieldingJoins));
-        let logical_rules = count_distinct::keep_distinct_strings(state.optimizers());
+        let mut logical_rules = count_distinct::keep_distinct_strings(state.optimizers());
+        // Before the last rule (DataFusion's projection pruning), after filters are pushed down.
+        logical_rules.insert(logical_rules.len().saturating_sub(1), Arc::new(group_keys::GroupKeysAtScan));
         let state = SessionStateBuilder::new_from_existing(state)
             .with_optimizer_rules(logical_rules)
             .with_physical_optimizer_rules(rules)
