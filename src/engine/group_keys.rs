@@ -36,6 +36,10 @@ impl OptimizerRule for GroupKeysAtScan {
         let mut group = a.group_expr.clone();
         let mut moved = false;
         for (i, g) in a.group_expr.iter().enumerate() {
+            let g = match g {
+                Expr::Alias(alias) => alias.expr.as_ref(),
+                g => g,
+            };
             if !movable(g) {
                 continue;
             }
@@ -59,12 +63,8 @@ impl OptimizerRule for GroupKeysAtScan {
 }
 
 /// A key worth computing below: an expression of columns (not a column itself, nor one
-/// already moved), the same every time it is evaluated.
+/// already moved), the same every time it is evaluated. `g` is unaliased.
 fn movable(g: &Expr) -> bool {
-    let g = match g {
-        Expr::Alias(a) => a.expr.as_ref(),
-        g => g,
-    };
     !matches!(g, Expr::Column(_) | Expr::Literal(..) | Expr::GroupingSet(_))
         && !g.column_refs().is_empty()
         && !g.is_volatile()
@@ -73,13 +73,9 @@ fn movable(g: &Expr) -> bool {
             .unwrap_or(true)
 }
 
-/// `plan` with `g` (over `plan`'s columns) as one more column `name`, computed right above the
-/// scan it reads; `None` when `g` cannot get there.
+/// `plan` with `g` (over `plan`'s columns, unaliased) as one more column `name`, computed right
+/// above the scan it reads; `None` when `g` cannot get there.
 fn with_column(plan: &LogicalPlan, g: &Expr, name: &str) -> Result<Option<LogicalPlan>> {
-    let g = match g {
-        Expr::Alias(a) => a.expr.as_ref(),
-        g => g,
-    };
     Ok(Some(match plan {
         LogicalPlan::Projection(p) => {
             let inner = substitute(g, &p.schema, |i| p.expr[i].clone().unalias())?;
