@@ -1,0 +1,143 @@
+"""Where DuckDB and DataFusion (so skiff) legitimately answer differently.
+
+RENDERED: differences the renderer (sqlast.py, engines.py) removes by writing the DuckDB text
+so both engines mean the same; nothing is skipped for them.
+
+SKIP: constructs whose answers differ by design. A query that uses one is not compared with
+DuckDB (oracle a); the run counts it under the entry's name. Skiff against skiff without its
+rules (oracle b) still compares it. Each entry: name, one-line reason, and a test on the
+query's objects.
+"""
+from .sqlast import Agg, Bin, Call, Lit, Win, walk
+
+RENDERED = {
+    "null_order": "DataFusion puts NULLs first under DESC and last under ASC, DuckDB last in both: "
+                  "DuckDB's text always says NULLS FIRST/LAST",
+    "float_literal": "DuckDB reads 1.5 as DECIMAL(2,1), DataFusion as DOUBLE: DuckDB's text casts float literals to DOUBLE",
+    "int_division": "DataFusion's `/` on integers truncates, DuckDB's gives a double: DuckDB's text uses `//`",
+    "json_functions": "json_get_str/int/float/bool are DuckDB macros over json_type/json_extract that give NULL "
+                      "for a value of another type and for invalid JSON, as datafusion-functions-json does",
+    "date_bin": "DataFusion's date_bin(interval, ts, origin) is DuckDB's time_bucket(interval, ts, origin)",
+    "ignore_nulls": "DataFusion writes lag(x) IGNORE NULLS OVER (…), DuckDB lag(x IGNORE NULLS) OVER (…)",
+    "semi_anti_join": "DataFusion's LEFT SEMI/ANTI JOIN is DuckDB's SEMI/ANTI JOIN",
+    "char_length": "DataFusion's char_length counts code points; DuckDB's is length (DuckDB's char_length is not a function)",
+    "approx_distinct": "approx_distinct is DuckDB's approx_count_distinct",
+    "like_escape": "DataFusion's LIKE takes a backslash as escape by default, DuckDB's has no escape: DuckDB's "
+                   "text adds ESCAPE '\\' to patterns with a backslash",
+    "int_literal": "DuckDB types integer literals as INTEGER (2147483647 * 3 overflows), DataFusion as BIGINT: "
+                   "DuckDB's text casts literals beyond 16 bits to BIGINT",
+    "empty_version": "a table version without a snapshot is an empty typed SELECT in DuckDB (iceberg_scan cannot read it)",
+}
+
+
+def _int_div_by_column(q):
+    return any(isinstance(n, Bin) and n.op in ("/", "%") and n.l.t == "int" and n.r.t == "int"
+               and not (isinstance(n.r, Lit) and n.r.v not in (0, None)) for n in walk(q))
+
+
+def _fn(names):
+    return lambda q: any(isinstance(n, (Call, Agg, Win)) and n.fn in names for n in walk(q))
+
+
+CMP = {"=", "<>", "<", "<=", ">", ">=", "IS DISTINCT FROM", "IS NOT DISTINCT FROM"}
+
+
+def _float_equality(q):
+    """Whether q compares, groups, deduplicates, partitions or ranks by a double."""
+    from .sqlast import Between, GroupBy, In, InSub, OrderExpr, Select, SetOp
+    for n in walk(q):
+        if isinstance(n, Bin) and n.op in CMP and "float" in (n.l.t, n.r.t):
+            return True
+        if isinstance(n, (In, Between, InSub)) and n.e.t == "float":
+            return True
+        if isinstance(n, GroupBy) and any(k.t == "float" for k in n.keys):
+            return True
+        if isinstance(n, Select) and n.distinct and any(i.e.t == "float" for i in n.items):
+            return True
+        if isinstance(n, SetOp) and n.op in ("UNION", "INTERSECT", "EXCEPT", "INTERSECT ALL", "EXCEPT ALL") \
+                and any(i.e.t == "float" for i in n.out()):
+            return True
+        if isinstance(n, Agg) and n.distinct and any(a.t == "float" for a in n.args):
+            return True
+        if isinstance(n, Win) and (any(p.t == "float" for p in n.partition) or any(o.e.t == "float" for o in n.order)):
+            return True
+        if isinstance(n, Agg) and any(o.e.t == "float" for o in n.order):
+            return True
+    return False
+
+
+def _conflicting_orders(q):
+    from .sqlast import Select
+    for n in walk(q):
+        if isinstance(n, Select):
+            orders = {tuple(o.render("df") for o in a.order) for i in n.items for a in walk(i) if isinstance(a, Agg) and a.order}
+            if len(orders) > 1:
+                return True
+    return False
+
+
+SKIP = [
+    ("signed_zero", "the lake holds -0.0: DataFusion compares, groups and ranks doubles in IEEE total order "
+     "(-0.0 < 0.0, apart in GROUP BY and DISTINCT), DuckDB as equal values",
+     lambda q, facts: facts.get("neg_zero") and _float_equality(q)),
+    ("conflicting_aggregate_orders", "aggregates with different ORDER BYs in one SELECT: DataFusion refuses them "
+     "(not supported), DuckDB answers", lambda q, facts: _conflicting_orders(q)),
+    ("int_division_by_zero", "an integer `/` or `%` by a column: DataFusion fails on a zero divisor, DuckDB answers NULL",
+     lambda q, facts: _int_div_by_column(q)),
+    ("approx", "approximate aggregates (approx_distinct, approx_median) use different algorithms",
+     lambda q, facts: _fn({"approx_distinct", "approx_median"})(q)),
+]
+
+
+# DuckDB errors where DataFusion answers by design: when DuckDB fails with such a message and
+# skiff answered, the query counts as not compared, under the entry's name.
+DUCK_ERRORS = [
+    ("variance_out_of_range", "stddev/variance over ±inf or values near 1e308: DuckDB fails (out of range), "
+     "DataFusion answers inf or NaN", r"(STDDEV_SAMP|STDDEV_POP|VARSAMP|VARPOP) is out of range"),
+    ("integer_overflow", "an integer expression beyond 64 bits: DuckDB fails with an overflow error where "
+     "DataFusion wraps", r"Overflow in (multiplication|addition|subtraction) of INT64"),
+]
+
+
+def _empty_grouping_set(q):
+    from .sqlast import GroupBy
+    return any(isinstance(n, GroupBy) and (n.mode in ("rollup", "cube") or any(not s for s in n.sets))
+               for n in walk(q))
+
+
+# Answers that differ by design in a recognisable way: (name, reason, test on the query,
+# test on (skiff's rows, DuckDB's rows)). The query is then not compared, counted by name.
+ANSWERS = [
+    ("empty_grouping_set_of_no_rows", "ROLLUP/CUBE/GROUPING SETS with the empty set () over no rows: DataFusion "
+     "gives no row, DuckDB (and PostgreSQL) one grand-total row",
+     _empty_grouping_set, lambda skiff, duck: len(skiff) == 0 and len(duck) == 1),
+]
+
+
+def answer_reason(q, skiff_rows, duck_rows):
+    for name, _, test_q, test_rows in ANSWERS:
+        if test_rows(skiff_rows, duck_rows) and test_q(q):
+            return name
+    return None
+
+
+def duck_error_reason(message):
+    import re
+    for name, _, pattern in DUCK_ERRORS:
+        if re.search(pattern, message or ""):
+            return name
+    return None
+
+
+def skip_reason(q, facts=None):
+    """The name of the first SKIP entry q uses, or None. `facts` says what the lake holds."""
+    for name, _, test in SKIP:
+        if test(q, facts or {}):
+            return name
+    return None
+
+
+def describe():
+    return {"rendered": RENDERED, "skipped": {name: reason for name, reason, _ in SKIP},
+            "duckdb_errors": {name: reason for name, reason, _ in DUCK_ERRORS},
+            "answers": {name: reason for name, reason, _, _ in ANSWERS}}
