@@ -281,14 +281,19 @@ def save_regression(entry, args):
     n = 1 + max([int(f[:3]) for f in existing if f[:3].isdigit()] or [0])
     name = f"{n:03d}-{slug(entry['reduced'])}.sql"
     ans = entry["reduced_answers"]
+    found = (f"scripts/difftest --seed {args.seed} (query {entry['n']}, {entry['shape']})" if entry["n"] != "--sql"
+             else "reduced by hand from a generated query, checked with scripts/difftest --sql")
+    oracle = "skiff with all rules vs --disable-rules all" if entry["oracle"] == "b" else "skiff vs DuckDB"
     lines = [f"-- difftest regression: {entry['reduced_why'] or entry['why']}",
-             f"-- found by: scripts/difftest --seed {args.seed} (query {entry['n']}, {entry['shape']}) "
-             f"on {os.path.basename(os.path.abspath(args.lake))}; oracle {entry['oracle']} "
-             f"({'skiff with all rules vs --disable-rules all' if entry['oracle'] == 'b' else 'skiff vs DuckDB'})"]
+             f"-- found by: {found} on {os.path.basename(os.path.abspath(args.lake))}; oracle {entry['oracle']} ({oracle})"]
     for k in ("rules_on", "rules_off", "duckdb"):
         if k in ans:
             lines.append(f"-- {k}: {json.dumps(ans[k], default=str)[:600]}")
+    note = entry.get("note") or getattr(args, "note", None)
+    if note:
+        lines.insert(1, f"-- {note}")
     lines.append(f"-- spec: {json.dumps(entry['reduced_spec'])}")
+    lines = [" ".join(line.split("\n")) for line in lines]  # a header line stays one line
     body = "\n".join(lines) + "\n" + entry["reduced"] + ";\n"
     if entry.get("reduced_duckdb") and entry["reduced_duckdb"] != entry["reduced"]:
         body += "-- duckdb:\n" + entry["reduced_duckdb"] + ";\n"
@@ -355,7 +360,11 @@ def main():
     ap.add_argument("--first", type=int, default=0, help="start at query number FIRST of the seed's sequence")
     ap.add_argument("--print-sql", action="store_true")
     ap.add_argument("--sql", action="append", default=[],
-                    help="run this SQL text on every engine and show the answers (no generation; repeatable)")
+                    help="run this SQL text on every engine and show the answers (no generation; repeatable); "
+                         "with --save-regressions a mismatch is kept as a regression")
+    ap.add_argument("--duckdb-sql", help="DuckDB's text for --sql, when it must differ")
+    ap.add_argument("--note", help="a line for the header of a regression saved from --sql")
+    ap.add_argument("--spec", default="{}", help='how --sql answers compare: {"order": [[col, desc]], "limit": n, "tol": [col]}')
     ap.add_argument("--disable-flag", default=os.environ.get("DIFFTEST_DISABLE_ARGS", "--disable-rules all"),
                     help="serve arguments of the server without rules (empty: two normal servers)")
     ap.add_argument("--timeout", type=float, default=120, help="seconds to wait for one answer")
@@ -395,14 +404,19 @@ def main():
                 s.timeout = args.timeout
         if args.sql:
             for text in args.sql:
-                o = runner.check_text({"df": text, "duck": text, "spec": {}})
+                spec = json.loads(args.spec)
+                o = runner.check_text({"df": text, "duck": args.duckdb_sql or text, "spec": spec})
                 log(f"-- {text}\n   verdict: {o.kind or 'agree'} {o.oracle or ''} {o.why}")
                 for k, a in o.answers.items():
                     log(f"   {k}: {a.brief(2000)}")
                 if o.kind:
-                    (runner.failures if o.kind == "failure" else runner.mismatches).append(
-                        {"sql": text, "kind": o.kind, "oracle": o.oracle, "why": o.why, "query": text,
-                         "answers": {k: a.to_json() for k, a in o.answers.items()}})
+                    entry = {"n": "--sql", "shape": "by hand", "kind": o.kind, "oracle": o.oracle, "why": o.why,
+                             "query": text, "answers": {k: a.to_json() for k, a in o.answers.items()}}
+                    (runner.failures if o.kind == "failure" else runner.mismatches).append(entry)
+                    if args.save_regressions:
+                        entry.update(reduced=text, reduced_duckdb=args.duckdb_sql or text, reduced_spec=spec,
+                                     reduced_answers=entry["answers"], reduced_why=o.why)
+                        log(f"   saved {save_regression(entry, args)}")
             args.queries = 0
         elif not args.no_regressions:
             runner.replay(REGRESSIONS)

@@ -273,7 +273,7 @@ class Generator:
         if k == "arith":
             return Bin(self.pick(["+", "-", "*"]), f(), Lit(self.pick([1.5, 2.0, 0.5, -1.0, 100.0]), "float"), "float")
         if k == "round":
-            return Call("round", [f(), Lit(self.r.randint(0, 2), "int")], "float")
+            return Call("round", [f(), Lit(self.r.randint(0, 2), "int", plain=True)], "float")
         if k == "abs":
             return Call("abs", [f()], "float")
         if k == "cast":
@@ -606,7 +606,12 @@ class Generator:
             it._ref = c
             items.append(it)
         for _ in range(n_windows or self.r.randint(1, 3)):
-            items.append(Item(self.window(scope), f"c{len(items)}"))
+            w = self.window(scope)
+            if w.fn in ("row_number", "rank", "dense_rank", "ntile") and self.chance(0.85):
+                # DataFusion's ranking functions give UInt64; UInt64 - Int64 is a DECIMAL there, whose
+                # avg keeps 4 decimals (known.py): BIGINT mostly, as a user would cast it
+                w = Cast(w, "int")
+            items.append(Item(w, f"c{len(items)}"))
         where = [self.pred(scope) for _ in range(self.pick([0, 0, 1]))]
         q = Select(items, src, [], where)
         unique = [items[keep.index(u)].alias for u in scope.unique]
@@ -676,7 +681,7 @@ class Generator:
         wscope = self.derived_scope(inner, alias, scope.kind, unique, ts)
         outer = self.agg_select(SubSrc(inner, alias), wscope, n_keys=self.pick([0, 1, 1, 2]))
         # the shape: a FILTER on a comparison with a window's result
-        wins = [c for c, it in zip(wscope.cols, inner.items) if isinstance(it.e, Win) and not c.ix]
+        wins = [c for c, it in zip(wscope.cols, inner.items) if isinstance(it.e, (Win, Cast)) and not c.ix]
         if wins and self.chance(0.6):
             w = self.pick(wins)
             peers = [c for c in wscope.cols if c.t == w.t and c is not w and not c.ix]

@@ -45,6 +45,7 @@ class Lit(Node):
     v: object
     t: str
     ix: bool = False
+    plain: bool = False  # an INTEGER in DuckDB too (round's digits)
 
     def render(self, d):
         v, t = self.v, self.t
@@ -55,8 +56,9 @@ class Lit(Node):
         if t == "bool":
             return "TRUE" if v else "FALSE"
         if t == "int":
-            if d == "duck" and abs(v) > 32767:
-                return f"CAST({v} AS BIGINT)"  # DuckDB types 2147483647 as INTEGER, DataFusion as BIGINT
+            if d == "duck" and not self.plain:
+                # DuckDB types 2147483647 as INTEGER (and 2147483647 * 3 overflows), DataFusion as BIGINT
+                return f"CAST({v} AS BIGINT)"
             return f"({v})" if v < 0 else str(v)
         if t == "float":
             if math.isnan(v) or math.isinf(v):
