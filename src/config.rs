@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::engine::rules::Disabled;
 use crate::lake::versions::PinnedVersions;
 
 #[derive(Debug, Parser)]
@@ -28,6 +29,9 @@ pub enum Command {
     Serve(Box<ServeConfig>),
     /// Write a demo lake shaped like the one Cloudflare Pipelines writes.
     Demo(DemoArgs),
+    /// List skiff's own optimizer rules, in the order they run, by the names
+    /// `--disable-rules` takes.
+    Rules,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -173,6 +177,12 @@ pub struct ServeConfig {
     #[arg(long = "datafusion-option", env = "SKIFF_DATAFUSION_OPTIONS", value_delimiter = ',', value_parser = parse_key_value)]
     pub datafusion_options: Vec<(String, String)>,
 
+    /// skiff's own optimizer rules to turn off, comma-separated, or `all` (`skiff rules` lists
+    /// them). Each only changes speed, so turning one off is the remedy for a rule suspected of
+    /// a wrong answer, without a new build. Default: none. An unknown name stops skiff at start.
+    #[arg(long = "disable-rules", env = "SKIFF_DISABLED_RULES", value_delimiter = ',')]
+    pub disable_rules: Vec<String>,
+
     /// Log each query's SQL text, and show it in `system.queries` (it may contain user data).
     #[arg(long, env = "SKIFF_LOG_SQL", default_value_t = false)]
     pub log_sql: bool,
@@ -240,8 +250,14 @@ impl ServeConfig {
         if self.refresh_interval < Duration::from_secs(1) {
             return Err("--refresh-interval must be at least 1s".into());
         }
+        self.disabled_rules()?;
         PinnedVersions::parse(self.lake_versions.as_deref().unwrap_or(""))
             .map_err(|e| format!("LAKE_VERSIONS: {e}"))
+    }
+
+    /// The rules `--disable-rules` turns off.
+    pub fn disabled_rules(&self) -> Result<Disabled, String> {
+        Disabled::parse(&self.disable_rules).map_err(|e| format!("--disable-rules: {e}"))
     }
 }
 

@@ -227,6 +227,13 @@ impl SkiffError {
                 Self::InvalidQuery(clean(&m))
             }
             DataFusionError::Internal(_) => Self::Internal(clean(&e.strip_backtrace())),
+            // A task DataFusion spawned panicked or was cancelled: skiff's bug, not the query's.
+            DataFusionError::ExecutionJoin(j) => Self::Internal(if j.is_panic() {
+                "the query hit a bug in skiff (a panic in one of its tasks); it is logged under this request's id"
+                    .into()
+            } else {
+                format!("a task of the query ended early: {j}")
+            }),
             _ => Self::classify_message(&e.strip_backtrace()),
         }
     }

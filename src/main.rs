@@ -30,6 +30,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let cli = if args.len() == 1 { Cli::parse_from(["skiff", "serve"]) } else { Cli::parse() };
     init_tracing();
+    observe::panics::install();
     // Planning recurses over the query's tree: 8 MiB (tokio's default is 2) leaves room for
     // the deepest query `engine::limits::MAX_NESTING` lets through.
     let runtime =
@@ -43,6 +44,12 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command.expect("serve is the default") {
             Command::Serve(cfg) => serve(*cfg).await,
+            Command::Rules => {
+                for r in engine::rules::RULES {
+                    println!("{:<32} {}", r.name, r.what);
+                }
+                Ok(())
+            }
             Command::Demo(args) => {
                 catalog::demo::write(&args.out, args.events).await?;
                 println!("wrote a demo lake with {} events to {}", args.events, args.out.display());
@@ -120,6 +127,7 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
         engine::Tuning {
             result_cache_bytes: cfg.result_cache_bytes,
             datafusion_options: cfg.datafusion_options.clone(),
+            disabled: cfg.disabled_rules().map_err(StartError::Msg)?,
         },
     )?;
     let auth = auth::Auth::new(cfg.api_tokens());

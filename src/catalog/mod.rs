@@ -3,7 +3,7 @@
 
 pub mod demo;
 mod rest;
-mod sql;
+pub(crate) mod sql;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -7,10 +7,13 @@
 //! is parsed once and the answers are spread back to the rows. A batch whose first rows are
 //! mostly distinct goes straight to the function, having cost one hash per row sampled.
 
+use std::sync::Arc;
+
 use arrow::array::{Array, ArrayAccessor, ArrayRef, AsArray, UInt32Array};
 use arrow::compute::take;
 use arrow::datatypes::DataType;
 use datafusion::error::Result;
+use datafusion::execution::FunctionRegistry;
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF};
 use datafusion::prelude::SessionContext;
 use hashbrown::HashMap;
@@ -20,13 +23,24 @@ use super::fast_path::{self, FastPath};
 /// Rows looked at before deciding whether a batch's documents repeat enough.
 const SAMPLE: usize = 1024;
 
-/// Registers the JSON functions, each wrapped to parse a repeated document once.
-pub fn register(ctx: &mut SessionContext) -> Result<()> {
+/// Registers the JSON functions, each taking an untyped NULL argument as a string
+/// (`fixes::null_args_as_strings`) and, with `once_per_document`, wrapped to parse a repeated
+/// document once.
+pub fn register(ctx: &mut SessionContext, once_per_document: bool) -> Result<()> {
     datafusion_functions_json::register_all(ctx)?;
     let names: Vec<String> =
         ctx.state().scalar_functions().keys().filter(|n| n.starts_with("json_")).cloned().collect();
-    for name in names {
-        fast_path::register(ctx, &name, OncePerDocument)?;
+    for name in &names {
+        let function = ctx.udf(name)?;
+        // A function registered under several names is met once per name.
+        if function.name() == name.as_str() {
+            ctx.register_udf(Arc::new(super::fixes::null_args_as_strings(function)))?;
+        }
+    }
+    if once_per_document {
+        for name in &names {
+            fast_path::register(ctx, name, OncePerDocument)?;
+        }
     }
     Ok(())
 }
@@ -99,7 +113,7 @@ mod tests {
         let mut ctx = SessionContext::new();
         datafusion_functions_json::register_all(&mut ctx).unwrap();
         let plain = ctx.udf(name).unwrap();
-        register(&mut ctx).unwrap();
+        register(&mut ctx, true).unwrap();
         let wrapped = ctx.udf(name).unwrap();
         let once = wrapped.inner().as_any().downcast_ref::<WithFastPath<OncePerDocument>>().expect("wrapped");
         assert!(

@@ -6,16 +6,20 @@ mod count_distinct;
 mod date_trunc;
 mod dialect;
 mod fast_path;
+mod fixes;
 mod functions;
 mod group_keys;
 mod json;
 pub mod limits;
 pub mod readonly;
 pub mod results;
+pub mod rules;
 mod shared;
 pub mod stats;
 mod string_eq;
 mod system;
+#[cfg(test)]
+mod testing;
 mod window;
 
 use std::sync::Arc;
@@ -71,6 +75,46 @@ pub struct Limits {
     pub max_queued: usize,
     pub queue_timeout: Duration,
     pub memory_limit: usize,
+}
+
+/// DataFusion's settings as skiff changes them (`--datafusion-option` goes over these).
+pub fn session_config() -> SessionConfig {
+    let mut config = SessionConfig::new();
+    let opts = config.options_mut();
+    // The lake scan makes its own file groups (balanced by bytes and file count, newest
+    // first, more of them on a remote store); DataFusion re-splitting them would undo that.
+    opts.optimizer.repartition_file_scans = false;
+    // DataFusion 53's dynamic filter for min/max ORs the bounds found so far, so a row
+    // that holds one aggregate's value but NULL in another's column can be filtered out
+    // before that other bound is found: `max(c), min(b)` answered NULL. Off for answers.
+    opts.optimizer.enable_aggregate_dynamic_filter_pushdown = false;
+    config
+}
+
+/// The session every query runs in, before the lake is registered: DataFusion's functions
+/// and rules with the fixes (`fixes`), and skiff's own rules and functions except the
+/// `disabled` ones.
+pub fn session(
+    config: SessionConfig,
+    runtime: Arc<datafusion::execution::runtime_env::RuntimeEnv>,
+    disabled: &rules::Disabled,
+) -> Result<SessionContext> {
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_runtime_env(runtime)
+        .with_default_features()
+        .build();
+    // Before skiff's rules, which then see the plan the fixes leave.
+    let skiff_count = disabled.is_on("distinct_strings_count").then(|| Arc::new(count_distinct::count()));
+    let state = SessionStateBuilder::new_from_existing(state)
+        .with_analyzer_rule(Arc::new(fixes::FilterNullsAreFalse))
+        .with_analyzer_rule(Arc::new(fixes::OrderInsensitiveAggregates::new(skiff_count)))
+        .build();
+    let mut ctx = SessionContext::new_with_state(rules::install(state, disabled));
+    fixes::register(&mut ctx)?;
+    rules::register_functions(&mut ctx, disabled)?;
+    ctx.register_udaf(functions::approx_top_k());
+    Ok(ctx)
 }
 
 /// Parquet decoding errors name no file: a data error that names none gets the files being
@@ -149,6 +193,8 @@ pub struct Tuning {
     pub result_cache_bytes: usize,
     /// DataFusion settings (`datafusion.…`), applied over skiff's own.
     pub datafusion_options: Vec<(String, String)>,
+    /// skiff's own rules turned off (`--disable-rules`).
+    pub disabled: rules::Disabled,
 }
 
 /// What a planned but not started query returns and takes.
@@ -170,20 +216,14 @@ pub struct Query {
 impl Engine {
     pub fn new(lake: Arc<Lake>, limits: Limits, tuning: Tuning) -> Result<Self> {
         let default_schema = lake.namespaces().into_iter().next().unwrap_or_else(|| "public".into());
-        let mut config = SessionConfig::new()
+        let mut config = session_config()
             .with_information_schema(true)
             .with_default_catalog_and_schema(CATALOG, &default_schema)
             .with_create_default_catalog_and_schema(false);
-        let opts = config.options_mut();
-        // The lake scan makes its own file groups (balanced by bytes and file count, newest
-        // first, more of them on a remote store); DataFusion re-splitting them would undo that.
-        opts.optimizer.repartition_file_scans = false;
-        // DataFusion 53's dynamic filter for min/max ORs the bounds found so far, so a row
-        // that holds one aggregate's value but NULL in another's column can be filtered out
-        // before that other bound is found: `max(c), min(b)` answered NULL. Off for answers.
-        opts.optimizer.enable_aggregate_dynamic_filter_pushdown = false;
         for (key, value) in &tuning.datafusion_options {
-            opts.set(key, value)
+            config
+                .options_mut()
+                .set(key, value)
                 .map_err(|e| SkiffError::BadRequest(format!("--datafusion-option {key}={value}: {e}")))?;
         }
         // Fair shares of one pool: each running query may use its part, and operators that
@@ -191,42 +231,8 @@ impl Engine {
         let runtime = RuntimeEnvBuilder::new()
             .with_memory_pool(Arc::new(FairSpillPool::new(limits.memory_limit)))
             .build_arc()?;
-        let state = SessionStateBuilder::new()
-            .with_config(config)
-            .with_runtime_env(runtime)
-            .with_default_features()
-            .build();
-        // skiff's rules go in before the last filter push-down adds dynamic filters.
-        let mut rules = state.physical_optimizers().to_vec();
-        let at = rules
-            .iter()
-            .position(|r| r.name().starts_with("FilterPushdown") && r.name().contains("Post"))
-            .unwrap_or(rules.len().saturating_sub(1));
-        rules.insert(at, Arc::new(window::WholePartitionWindows));
-        rules.push(Arc::new(crate::lake::DynamicRowFilters));
-        rules.push(Arc::new(crate::lake::SelectiveFirst));
-        // It only changes how a string equality is computed, once the plan is final.
-        rules.push(Arc::new(string_eq::StringEqualities));
-        // After the row-filter rules, which leave it the scans they do not take.
-        rules.push(Arc::new(crate::lake::FoldPerFile));
-        // After every rule that looks for joins: it wraps them so a cancel takes effect.
-        rules.push(Arc::new(limits::YieldingJoins));
-        let mut logical_rules = count_distinct::keep_distinct_strings(state.optimizers());
-        // Before the last rule (DataFusion's projection pruning), after filters are pushed down.
-        logical_rules.insert(logical_rules.len().saturating_sub(1), Arc::new(group_keys::GroupKeysAtScan));
-        let state = SessionStateBuilder::new_from_existing(state)
-            .with_optimizer_rules(logical_rules)
-            .with_physical_optimizer_rules(rules)
-            .with_analyzer_rule(Arc::new(shared::ShareRepeatedSubqueries))
-            .with_query_planner(Arc::new(shared::Planner))
-            .build();
-        let mut ctx = SessionContext::new_with_state(state);
+        let ctx = session(config, runtime, &tuning.disabled)?;
         ctx.register_catalog(CATALOG, system::with_system_schema(lake.catalog_provider()));
-        json::register(&mut ctx)?;
-        date_trunc::register(&mut ctx)?;
-        coalesce::register(&mut ctx)?;
-        ctx.register_udaf(functions::approx_top_k());
-        ctx.register_udaf(count_distinct::count());
         let admission = Admission::new(limits.max_concurrent, limits.max_queued, limits.queue_timeout);
         Ok(Self {
             ctx,
@@ -287,7 +293,9 @@ impl Engine {
     /// (a bound literal is not nullable, an open placeholder is).
     pub async fn describe(&self, sql: &str, params: Vec<ScalarValue>) -> Result<Described> {
         self.check_text(sql)?;
-        let mut plan = tokio::time::timeout(self.limits.query_timeout, self.plan(&self.ctx.state(), sql))
+        let state = self.ctx.state();
+        let planning = unwinding(self.plan(&state, sql));
+        let mut plan = tokio::time::timeout(self.limits.query_timeout, planning)
             .await
             .map_err(|_| SkiffError::Timeout)??;
         if !params.is_empty() {
@@ -326,7 +334,7 @@ impl Engine {
         let deadline = tokio::time::Instant::now() + self.limits.query_timeout;
         let permit = self.admission.admit(deadline, &self.shutdown).await?;
         let started = tokio::select! {
-            started = tokio::time::timeout_at(deadline, self.start(sql, params)) => {
+            started = tokio::time::timeout_at(deadline, unwinding(self.start(sql, params))) => {
                 started.map_err(|_| SkiffError::Timeout)??
             }
             _ = self.shutdown.cancelled() => {
@@ -406,6 +414,21 @@ impl Engine {
     }
 }
 
+/// `planning`, with a panic in it turned into a 500 `internal` error (the panic hook has
+/// logged where it happened).
+async fn unwinding<T>(planning: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    use futures::FutureExt;
+    std::panic::AssertUnwindSafe(planning).catch_unwind().await.unwrap_or_else(|_| Err(panicked()))
+}
+
+/// What a query that panicked fails with. The panic's message and location are in the log,
+/// under the request's id, not in the response: the message may quote data.
+fn panicked() -> SkiffError {
+    SkiffError::Internal(
+        "the query hit a bug in skiff (a panic); it is logged under this request's id".into(),
+    )
+}
+
 /// A runtime of its own for executing queries. On the runtime that serves requests, a
 /// CPU-bound query (a large join) kept health checks waiting for seconds and let timeouts,
 /// the admission queue's 429s and shutdown fire 5–20 s late: their timers only run when a
@@ -448,28 +471,34 @@ fn execute_on(
 ) -> impl futures::Stream<Item = datafusion::error::Result<RecordBatch>> + Send + 'static {
     use datafusion::error::DataFusionError;
     use futures::StreamExt;
+    use tracing::Instrument;
     let runtime = runtime.clone();
+    // The request's span, so that a panic in the query's tasks is logged under its id.
+    let span = tracing::Span::current();
     futures::stream::once(async move {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
-        let task = runtime.spawn(async move {
-            let mut batches = match df.execute_stream().await {
-                Ok(s) => s,
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return;
-                }
-            };
-            loop {
-                let next = tokio::select! {
-                    _ = tx.closed() => return,
-                    next = batches.next() => next,
+        let task = runtime.spawn(
+            async move {
+                let mut batches = match df.execute_stream().await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
                 };
-                let Some(item) = next else { return };
-                if tx.send(item).await.is_err() {
-                    return;
+                loop {
+                    let next = tokio::select! {
+                        _ = tx.closed() => return,
+                        next = batches.next() => next,
+                    };
+                    let Some(item) = next else { return };
+                    if tx.send(item).await.is_err() {
+                        return;
+                    }
                 }
             }
-        });
+            .instrument(span),
+        );
         futures::stream::unfold((rx, Some(task)), |(mut rx, task)| async move {
             if let Some(item) = rx.recv().await {
                 return Some((item, (rx, task)));
@@ -477,7 +506,7 @@ fn execute_on(
             // The sender is gone: a clean end, unless the task panicked.
             match task?.await {
                 Err(e) if e.is_panic() => {
-                    Some((Err(DataFusionError::Internal("the query panicked".into())), (rx, None)))
+                    Some((Err(DataFusionError::External(Box::new(panicked()))), (rx, None)))
                 }
                 _ => None,
             }
@@ -493,4 +522,127 @@ pub(crate) async fn answer_and_plan(ctx: &SessionContext, sql: &str) -> (String,
     let answer = ctx.sql(sql).await.unwrap().collect().await.unwrap();
     let plan = ctx.sql(&format!("EXPLAIN {sql}")).await.unwrap().collect().await.unwrap();
     (pretty_format_batches(&answer).unwrap().to_string(), pretty_format_batches(&plan).unwrap().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::Mutex;
+
+    use arrow::datatypes::DataType;
+    use datafusion::logical_expr::{
+        ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+    };
+    use futures::StreamExt;
+    use tracing::Instrument;
+
+    use super::*;
+
+    /// A function that panics while the query runs, or, with `in_planning`, while it is
+    /// planned: a stand-in for a bug anywhere in skiff or DataFusion.
+    #[derive(Debug, PartialEq, Eq, Hash)]
+    struct Panics {
+        in_planning: bool,
+        signature: Signature,
+    }
+
+    impl ScalarUDFImpl for Panics {
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+        fn name(&self) -> &str {
+            if self.in_planning { "panics_in_planning" } else { "panics_in_execution" }
+        }
+        fn signature(&self) -> &Signature {
+            &self.signature
+        }
+        fn return_type(&self, _: &[DataType]) -> datafusion::error::Result<DataType> {
+            assert!(!self.in_planning, "a bug found while planning");
+            Ok(DataType::Int64)
+        }
+        fn invoke_with_args(&self, _: ScalarFunctionArgs) -> datafusion::error::Result<ColumnarValue> {
+            panic!("a bug found while executing");
+        }
+    }
+
+    /// Everything the process logs, from every thread.
+    fn captured() -> &'static Mutex<Vec<u8>> {
+        static LOG: std::sync::OnceLock<&'static Mutex<Vec<u8>>> = std::sync::OnceLock::new();
+        LOG.get_or_init(|| {
+            let log: &'static Mutex<Vec<u8>> = Box::leak(Box::default());
+            struct Writer(&'static Mutex<Vec<u8>>);
+            impl Write for Writer {
+                fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                    self.0.lock().unwrap().extend_from_slice(b);
+                    Ok(b.len())
+                }
+                fn flush(&mut self) -> std::io::Result<()> {
+                    Ok(())
+                }
+            }
+            let subscriber =
+                tracing_subscriber::fmt().with_ansi(false).with_writer(move || Writer(log)).finish();
+            tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
+            crate::observe::panics::install();
+            log
+        })
+    }
+
+    /// An engine over a small demo lake.
+    async fn engine(dir: &std::path::Path) -> Engine {
+        crate::catalog::demo::write(dir, 2000).await.unwrap();
+        let uri = format!("sqlite://{}", dir.join("catalog.db").display());
+        let warehouse = dir.join("warehouse").display().to_string();
+        let conn = crate::catalog::sql::connect(&uri, &warehouse, None, Default::default()).await.unwrap();
+        let lake =
+            Lake::new(conn.catalog, conn.pointers, Default::default(), crate::lake::cache::Caches::new(None))
+                .await
+                .unwrap();
+        let limits = Limits {
+            max_sql_bytes: 1 << 20,
+            query_timeout: Duration::from_secs(30),
+            max_concurrent: 2,
+            max_queued: 2,
+            queue_timeout: Duration::from_secs(5),
+            memory_limit: 256 << 20,
+        };
+        Engine::new(lake, limits, Tuning::default()).unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panic_is_an_internal_error_logged_with_its_request_and_place() {
+        let log = captured();
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine(dir.path()).await;
+        for in_planning in [true, false] {
+            let f = Panics { in_planning, signature: Signature::any(1, Volatility::Immutable) };
+            engine.session().register_udf(ScalarUDF::new_from_impl(f));
+        }
+        for (sql, id) in [
+            ("SELECT panics_in_planning(1)", "req-planning"),
+            ("SELECT panics_in_execution(event) FROM glass.events", "req-execution"),
+        ] {
+            let span = crate::observe::query_span(id, "test");
+            let outcome = async {
+                let mut q = engine.execute(sql).await?;
+                while let Some(b) = q.stream.next().await {
+                    b?;
+                }
+                Ok::<_, SkiffError>(())
+            }
+            .instrument(span)
+            .await;
+            let e = outcome.expect_err(sql);
+            assert!(matches!(e, SkiffError::Internal(_)), "{sql}: {e:?}");
+            assert_eq!(e.status().as_u16(), 500);
+            let text = String::from_utf8_lossy(&log.lock().unwrap()).to_string();
+            let line = text.lines().find(|l| l.contains(id) && l.contains("panicked")).unwrap_or_else(|| {
+                panic!("no panic line for {id} in:\n{text}");
+            });
+            assert!(line.contains("src/engine/mod.rs:"), "the place: {line}");
+        }
+        // The engine goes on.
+        let mut q = engine.execute("SELECT count(*) FROM glass.events").await.unwrap();
+        assert!(q.stream.next().await.unwrap().is_ok());
+    }
 }

@@ -19,7 +19,7 @@
 
 use std::any::Any;
 use std::cmp::Ordering as CmpOrdering;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,6 +38,7 @@ use datafusion::logical_expr::{
     Expr, Extension, LogicalPlan, SubqueryAlias, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
 };
 use datafusion::optimizer::AnalyzerRule;
+use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream, displayable,
@@ -263,6 +264,8 @@ struct SharedState {
     /// input partition; were partitions computed in different copies, each copy would run
     /// the whole exchange (the funnel read its `e` twice).
     owners: Mutex<HashMap<u64, Arc<dyn ExecutionPlan>>>,
+    /// The partitions run so far, by plan node (its address) and partition.
+    started: Mutex<HashSet<(usize, usize)>>,
 }
 
 struct Cell {
@@ -273,7 +276,24 @@ struct Cell {
 
 impl SharedState {
     fn new(consumers: usize) -> Self {
-        Self { consumers, cells: Mutex::default(), owners: Mutex::default() }
+        Self { consumers, cells: Mutex::default(), owners: Mutex::default(), started: Mutex::default() }
+    }
+
+    /// Runs partition `p` of `plan`, or of a fresh copy of `plan` when that partition of this
+    /// very node has run before. A node's partition runs at most once (DataFusion's exchanges
+    /// panic when asked twice: "partition not used yet"), yet a partition is asked again when
+    /// its computation for everyone was abandoned (the consumer that started it was dropped,
+    /// as a `LIMIT` does) or did not fit: then each consumer computes it on its own.
+    fn execute_once(
+        &self,
+        plan: &Arc<dyn ExecutionPlan>,
+        p: usize,
+        ctx: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let node = Arc::as_ptr(plan) as *const () as usize;
+        let first = self.started.lock().expect("started").insert((node, p));
+        let plan = if first { plan.clone() } else { reset_plan_states(plan.clone())? };
+        plan.execute(p, ctx)
     }
 
     fn owner(&self, plan: u64, input: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
@@ -298,7 +318,13 @@ impl SharedState {
 impl Cell {
     /// Runs a partition to its end, keeping its batches within its share of the memory
     /// pool (a quarter of the pool over all partitions).
-    async fn materialise(&self, input: &Arc<dyn ExecutionPlan>, p: usize, ctx: Arc<TaskContext>) -> Kept {
+    async fn materialise(
+        &self,
+        state: &SharedState,
+        input: &Arc<dyn ExecutionPlan>,
+        p: usize,
+        ctx: Arc<TaskContext>,
+    ) -> Kept {
         let partitions = input.properties().partitioning.partition_count().max(1);
         let limit = match ctx.memory_pool().memory_limit() {
             MemoryLimit::Finite(n) => n / 4 / partitions,
@@ -306,7 +332,7 @@ impl Cell {
         };
         let run = async {
             let reservation = MemoryConsumer::new(format!("SharedExec[{p}]")).register(ctx.memory_pool());
-            let mut stream = input.execute(p, ctx)?;
+            let mut stream = state.execute_once(input, p, ctx)?;
             let mut batches = Vec::new();
             while let Some(batch) = stream.next().await {
                 let batch = compact_views(batch?)?;
@@ -412,19 +438,21 @@ impl ExecutionPlan for SharedExec {
     }
 
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let cell = self.state.cell(self.plan, partition);
-        let owner = self.state.owner(self.plan, &self.input);
+        let state = self.state.clone();
+        let cell = state.cell(self.plan, partition);
+        let owner = state.owner(self.plan, &self.input);
         // Should this consumer compute a partition for itself after all, it runs its own copy.
         let input = self.input.clone();
         let batches = futures::stream::once(async move {
-            let kept = cell.kept.get_or_init(|| cell.materialise(&owner, partition, ctx.clone())).await;
+            let kept =
+                cell.kept.get_or_init(|| cell.materialise(&state, &owner, partition, ctx.clone())).await;
             match kept {
                 Kept::Batches(kept) => match cell.take(kept) {
                     Some(batches) => Ok(futures::stream::iter(batches.into_iter().map(Ok)).boxed()),
                     // More readers than counted: compute it again rather than fail.
-                    None => input.execute(partition, ctx).map(|s| s.boxed()),
+                    None => state.execute_once(&input, partition, ctx).map(|s| s.boxed()),
                 },
-                Kept::TooLarge => input.execute(partition, ctx).map(|s| s.boxed()),
+                Kept::TooLarge => state.execute_once(&input, partition, ctx).map(|s| s.boxed()),
                 Kept::Failed(e) => Err(DataFusionError::Shared(e.clone())),
             }
         })
@@ -516,6 +544,118 @@ mod tests {
         let ctx = task(64 << 20);
         assert_eq!(rows(&plain, &ctx).await, 1000);
         assert_eq!(rows(&sorted, &ctx).await, 5, "its own rows, not the other copy's");
+    }
+
+    /// `rows` rows behind an exchange, as a grouping's subtree has one: its partitions can
+    /// each run once only.
+    fn exchanged(input: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+        use datafusion::physical_plan::Partitioning;
+        use datafusion::physical_plan::repartition::RepartitionExec;
+        Arc::new(RepartitionExec::try_new(input, Partitioning::RoundRobinBatch(2)).unwrap())
+    }
+
+    /// Rows that partition 0 of `plan` has, run on its own.
+    async fn rows_of(plan: Arc<dyn ExecutionPlan>, ctx: &Arc<TaskContext>) -> usize {
+        let batches: Vec<RecordBatch> = plan.execute(0, ctx.clone()).unwrap().try_collect().await.unwrap();
+        batches.iter().map(RecordBatch::num_rows).sum()
+    }
+
+    /// A source whose first run never ends and whose later runs give `rows` rows.
+    #[derive(Debug)]
+    struct StallsOnce {
+        runs: AtomicUsize,
+        rows: i64,
+    }
+
+    impl datafusion::physical_plan::streaming::PartitionStream for StallsOnce {
+        fn schema(&self) -> &SchemaRef {
+            static SCHEMA: OnceLock<SchemaRef> = OnceLock::new();
+            SCHEMA.get_or_init(|| Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, false)])))
+        }
+
+        fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+            let schema = self.schema().clone();
+            if self.runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                return Box::pin(RecordBatchStreamAdapter::new(schema, futures::stream::pending()));
+            }
+            let batch = RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(Int64Array::from_iter_values(0..self.rows))],
+            )
+            .unwrap();
+            Box::pin(RecordBatchStreamAdapter::new(schema, futures::stream::iter([Ok(batch)])))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_partition_whose_computation_was_abandoned_is_computed_by_the_next_consumer() {
+        use datafusion::physical_plan::streaming::StreamingTableExec;
+        let source = Arc::new(StallsOnce { runs: AtomicUsize::new(0), rows: 1000 });
+        let scan = || -> Arc<dyn ExecutionPlan> {
+            let schema =
+                datafusion::physical_plan::streaming::PartitionStream::schema(source.as_ref()).clone();
+            Arc::new(
+                StreamingTableExec::try_new(schema, vec![source.clone()], None, [], false, None).unwrap(),
+            )
+        };
+        let state = Arc::new(SharedState::new(2));
+        let (first, second) =
+            (SharedExec::new(exchanged(scan()), state.clone()), SharedExec::new(exchanged(scan()), state));
+        let ctx = task(64 << 20);
+        // The first consumer starts the shared computation and is dropped before it ends, as
+        // a LIMIT above it drops partitions it no longer needs.
+        let mut started = first.execute(0, ctx.clone()).unwrap();
+        let polled = tokio::time::timeout(std::time::Duration::from_millis(100), started.next()).await;
+        assert!(polled.is_err(), "still computing when dropped");
+        drop(started);
+        let expected = rows_of(exchanged(scan()), &ctx).await;
+        assert!(expected > 0);
+        assert_eq!(rows(&second, &ctx).await, expected);
+        assert_eq!(rows(&first, &ctx).await, expected);
+    }
+
+    #[tokio::test]
+    async fn a_partition_too_large_to_keep_is_computed_again_by_the_consumer_that_tried() {
+        let state = Arc::new(SharedState::new(2));
+        let (first, second) = (
+            SharedExec::new(exchanged(input(100_000)), state.clone()),
+            SharedExec::new(exchanged(input(100_000)), state),
+        );
+        let ctx = task(64 << 10);
+        let expected = rows_of(exchanged(input(100_000)), &task(64 << 20)).await;
+        // The first consumer's own plan computed the partition for everyone and gave up: it
+        // then runs the partition again on a fresh copy of that plan.
+        assert_eq!(rows(&first, &ctx).await, expected);
+        assert_eq!(rows(&second, &ctx).await, expected);
+        assert_eq!(ctx.memory_pool().reserved(), 0);
+    }
+
+    /// Through SQL: a shared grouping that does not fit in its share of the pool, and one
+    /// whose consumer stops early (a LIMIT), answer right every time.
+    #[tokio::test]
+    async fn shared_groupings_too_large_to_keep_or_cut_short_by_a_limit() {
+        use crate::engine::testing;
+        let ids = arrow::array::StringViewArray::from_iter_values(
+            (0..400_000).map(|i| format!("s{}", i % 200_000)),
+        );
+        let schema = Arc::new(Schema::new(vec![Field::new("session_id", DataType::Utf8View, false)]));
+        let events = RecordBatch::try_new(schema, vec![Arc::new(ids)]).unwrap();
+        let ctx = testing::session(&Default::default(), 16 << 20, &[("e", events)]);
+        let s = "WITH s AS (SELECT session_id, count(*) AS n FROM e GROUP BY session_id)";
+        for _ in 0..3 {
+            let both = testing::answer(
+                &ctx,
+                &format!("{s} SELECT (SELECT count(*) FROM s) AS a, (SELECT sum(n) FROM s) AS b"),
+            )
+            .await;
+            assert!(both.contains("| 200000 | 400000 |"), "{both}");
+            let limited = testing::answer(
+                &ctx,
+                &format!("{s} SELECT (SELECT count(*) FROM s) AS a, (SELECT count(*) FROM (SELECT * FROM s LIMIT 3)) AS b"),
+            )
+            .await;
+            assert!(limited.contains("| 200000 | 3 |"), "{limited}");
+        }
     }
 
     #[tokio::test]

@@ -92,8 +92,10 @@ impl Shift {
         let standard = e.as_any().downcast_ref::<StandardWindowExpr>()?;
         let udf = standard.get_standard_func_expr().as_any().downcast_ref::<WindowUDFExpr>()?;
         let name = udf.fun().name();
-        // IGNORE NULLS skips rows: it stays with DataFusion.
-        if e.name().contains("IGNORE NULLS") {
+        // A call whose evaluator needs its whole partition (`lag`/`lead … IGNORE NULLS`, see
+        // `fixes::LeadLag`) is not a plain shift.
+        let evaluator = udf.create_evaluator().ok()?;
+        if !evaluator.supports_bounded_execution() {
             return None;
         }
         let literal = |i: usize| -> Option<Option<ScalarValue>> {
@@ -117,7 +119,7 @@ impl Shift {
         // share one sort with a window ordered the other way, DataFusion reverses `lag`/`lead`
         // (reversed ORDER BY, same function and name, offset negated inside the evaluator).
         // A causal shift looks back (`lag`, or a reversed `lead`), over this input's order.
-        let back = udf.create_evaluator().ok()?.is_causal();
+        let back = evaluator.is_causal();
         let by = if back { -by.checked_abs()? } else { by.checked_abs()? };
         let field = e.field().ok()?;
         let default = match literal(2)? {
@@ -184,7 +186,7 @@ impl SortedWindowExec {
     fn try_new(whole: Arc<WindowAggExec>) -> std::result::Result<Self, Arc<dyn ExecutionPlan>> {
         let exprs = whole.window_expr();
         let partition_by = exprs[0].partition_by().to_vec();
-        let same = |e: &Arc<dyn WindowExpr>| format!("{:?}", e.partition_by()) == format!("{partition_by:?}");
+        let same = |e: &Arc<dyn WindowExpr>| e.partition_by() == partition_by.as_slice();
         let shifts: Option<Vec<Shift>> =
             exprs.iter().map(|e| same(e).then(|| Shift::of(e)).flatten()).collect();
         match shifts {

@@ -40,12 +40,13 @@ use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use prost::Message;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
 
 use crate::auth::Auth;
 use crate::engine::Described;
 use crate::error::SkiffError;
 use crate::http::AppState;
-use crate::observe::QueryLog;
+use crate::observe::{QueryLog, query_span};
 use handle::Statement;
 
 type DoGetStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send + 'static>>;
@@ -173,7 +174,7 @@ impl FlightSqlServer {
         let mut log = QueryLog::new(request_id(md), route);
         log.set_sql(&stmt.sql);
         let started = match stmt.params() {
-            Ok(params) => self.state.engine.execute_with(&stmt.sql, params).await,
+            Ok(params) => self.state.engine.execute_with(&stmt.sql, params).instrument(log.span()).await,
             Err(e) => Err(e),
         };
         let q = match started {
@@ -252,7 +253,7 @@ impl FlightSqlServer {
             let stmt = Statement::new(sql.clone())?;
             Ok((self.state.engine.describe(&stmt.sql, Vec::new()).await?, stmt))
         };
-        logged(planned.await, &sql, md, route)
+        logged(planned.instrument(query_span(&request_id(md), route)).await, &sql, md, route)
     }
 
     /// A one-batch answer (metadata listings), encoded as Flight data.
@@ -372,7 +373,9 @@ impl FlightSqlService for FlightSqlServer {
     ) -> Result<Response<FlightInfo>, Status> {
         let stmt = Statement::decode(&cmd.prepared_statement_handle)?;
         let planned = async { self.state.engine.describe(&stmt.sql, stmt.params()?).await };
-        let described = logged(planned.await, &stmt.sql, request.metadata(), "flight:prepared")?;
+        let span = query_span(&request_id(request.metadata()), "flight:prepared");
+        let described =
+            logged(planned.instrument(span).await, &stmt.sql, request.metadata(), "flight:prepared")?;
         Self::info(described.schema, cmd, request.into_inner())
     }
 

@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -90,7 +91,7 @@ pub async fn begin(state: &AppState, headers: &HeaderMap, body: Body, log: &mut 
     let body = read_body(headers, body, state.max_body_bytes).await?;
     log.set_sql(&body.query);
     let started = Instant::now();
-    let query = state.engine.execute(&body.query).await?;
+    let query = state.engine.execute(&body.query).instrument(log.span()).await?;
     log.set_stats(query.stats.clone());
     let etag = query.fingerprint.as_deref().map(etag);
     if let Some(etag) = &etag

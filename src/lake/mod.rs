@@ -37,6 +37,32 @@ pub use table::versions_read;
 use table::{PhysicalTable, VersionedTable};
 use versions::{PinnedVersions, split_version, version_name};
 
+/// Which of the scan's own optimizations are on; the engine sets them in the session
+/// config from `--disable-rules` (`manifest_statistics`, `manifest_pruning`,
+/// `measured_row_filters`). A session without them has every one on.
+#[derive(Debug, Clone, Copy)]
+pub struct ScanOptions {
+    /// Row counts and column bounds from the manifests are given to DataFusion (which may then
+    /// answer from them alone, and prunes and folds by them).
+    pub statistics: bool,
+    /// Files whose manifest bounds cannot satisfy the filters are not planned.
+    pub pruning: bool,
+    /// A scan filters while decoding when a sample shows that pays (`row_filter`).
+    pub measured_row_filters: bool,
+}
+
+impl Default for ScanOptions {
+    fn default() -> Self {
+        Self { statistics: true, pruning: true, measured_row_filters: true }
+    }
+}
+
+impl ScanOptions {
+    pub fn of(state: &dyn datafusion::catalog::Session) -> Self {
+        state.config().get_extension::<Self>().map(|o| *o).unwrap_or_default()
+    }
+}
+
 /// Tables whose manifests are read at once at start (each with its own manifest reads in
 /// flight), so a lake of many tables does not flood the store.
 const WARM_TABLES: usize = 4;

@@ -109,10 +109,13 @@ pub async fn scan(
         stats.files_total.fetch_add(n, Ordering::Relaxed);
     }
 
+    let options = super::ScanOptions::of(state);
     let files = manifest_files(table, schema, caches).await.map_err(ext)?;
+    // Without pruning every file is planned; DataFusion still applies every filter.
+    let pruning_by: &[Expr] = if options.pruning { filters } else { &[] };
     let tasks = match files.as_deref().filter(|f| !f.has_deletes) {
-        Some(f) => plan_from_manifests(table, schema, &projected, filters, f, state),
-        None => plan_files(table, schema, &projected, filters).await?,
+        Some(f) => plan_from_manifests(table, schema, &projected, pruning_by, f, state),
+        None => plan_files(table, schema, &projected, pruning_by).await?,
     };
     stats.files_planned.fetch_add(tasks.len() as u64, Ordering::Relaxed);
     if tasks.is_empty() {
@@ -126,11 +129,13 @@ pub async fn scan(
         stats: stats.clone(),
         caches: caches.clone(),
     });
-    let row_filter = row_filter::pays(state, schema, &projected, filters, &tasks, caches, |t| {
-        factory.open(t.data_file_path.clone(), t.file_size_in_bytes)
-    })
-    .await;
-    let scan = ParquetScan { schema, files: files.as_deref(), factory, row_filter };
+    let row_filter = options.measured_row_filters
+        && row_filter::pays(state, schema, &projected, filters, &tasks, caches, |t| {
+            factory.open(t.data_file_path.clone(), t.file_size_in_bytes)
+        })
+        .await;
+    let files = files.as_deref().filter(|_| options.statistics);
+    let scan = ParquetScan { schema, files, factory, row_filter, exact_rows: options.statistics };
     scan.build(state, projection, limit, tasks)
 }
 
@@ -346,6 +351,8 @@ struct ParquetScan<'a> {
     factory: Arc<FileIoReaderFactory>,
     /// Whether the scan's own filters are applied while decoding (see `row_filter`).
     row_filter: bool,
+    /// Whether the planned files' row counts are given to DataFusion as exact.
+    exact_rows: bool,
 }
 
 impl ParquetScan<'_> {
@@ -367,7 +374,7 @@ impl ParquetScan<'_> {
             file_cost = REMOTE_FILE_COST;
         }
         let total_rows: u64 = tasks.iter().map(|t| t.record_count.unwrap_or(0)).sum();
-        let rows_known = tasks.iter().all(|t| t.record_count.is_some());
+        let rows_known = self.exact_rows && tasks.iter().all(|t| t.record_count.is_some());
         // Manifest statistics of every planned file, when each one has them.
         let per_file: Option<Vec<&Statistics>> = self.files.and_then(|files| {
             tasks

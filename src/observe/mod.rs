@@ -19,6 +19,7 @@
 //! ```
 
 pub mod metrics;
+pub mod panics;
 pub mod queries;
 
 use std::sync::Arc;
@@ -50,6 +51,11 @@ pub fn request_id(given: Option<&str>) -> String {
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
 }
 
+/// The span of one query's work: whatever it logs names the request.
+pub fn query_span(request_id: &str, route: &'static str) -> tracing::Span {
+    tracing::info_span!("query", request_id, route)
+}
+
 pub fn log_sql() -> bool {
     LOG_SQL.load(Ordering::Relaxed)
 }
@@ -59,6 +65,8 @@ pub fn log_sql() -> bool {
 /// line, records the metrics and moves it to the history.
 pub struct QueryLog {
     running: Arc<queries::Running>,
+    /// The span the query's work runs in, so what it logs (a panic too) names the request.
+    span: tracing::Span,
     /// Rows sent so far.
     pub rows: u64,
     /// Encoded bytes sent so far.
@@ -70,13 +78,20 @@ pub struct QueryLog {
 
 impl QueryLog {
     pub fn new(request_id: impl Into<String>, route: &'static str) -> Self {
+        let request_id = request_id.into();
         Self {
-            running: queries::start(request_id.into(), route),
+            span: query_span(&request_id, route),
+            running: queries::start(request_id, route),
             rows: 0,
             bytes: 0,
             truncated: false,
             done: false,
         }
+    }
+
+    /// The span to run the query's planning and execution in.
+    pub fn span(&self) -> tracing::Span {
+        self.span.clone()
     }
 
     /// The query's text: kept for the log line and `system.queries` only with `--log-sql`.
