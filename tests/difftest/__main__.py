@@ -12,8 +12,10 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 from . import known, lake as lakemod
 from .compare import Spec, compare, spec_of
@@ -55,22 +57,35 @@ class Runner:
         self.failures = []
         self.mismatches = []
         self.on = self.off = self.duck = None
+        self.seconds = Counter()
+        self.dead = ("", "")
+        self.lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(2)
 
     # ------------------------------------------------------------ engines
 
     def ask(self, which, sql):
         server = getattr(self, which)
         try:
-            return server.query(sql)
+            a = server.query(sql)
+            with self.lock:
+                self.seconds[which] += a.elapsed
+            return a
         except DeadServer as e:
             tail = server.log_tail()
-            self.failures.append({"what": "server died or stopped answering", "server": server.name,
-                                  "query": sql, "error": str(e), "log_tail": tail})
+            with self.lock:
+                self.dead = (f"{server.name} died or stopped answering: {e}", tail)
             log(f"!! {server.name} is not answering ({e}); log tail:\n{tail}")
             if server.proc is not None:
                 setattr(self, which, restart(server))
                 log(f"   restarted {server.name}")
             return None
+
+    def ask_both(self, sql):
+        """Both servers at once: each query is small, and two cores are there."""
+        f_on = self.pool.submit(self.ask, "on", sql)
+        f_off = self.pool.submit(self.ask, "off", sql)
+        return f_on.result(), f_off.result()
 
     def check(self, q, rendered=None, count=True):
         """Runs q on the engines and judges the answers."""
@@ -78,10 +93,10 @@ class Runner:
         sql = rendered["df"] if rendered else q.render("df")
         if count:
             self.counts["ran"] += 1
-        a_on = self.ask("on", sql)
-        a_off = self.ask("off", sql) if a_on is not None else None
+        a_on, a_off = self.ask_both(sql)
         if a_on is None or a_off is None:
-            o.kind, o.oracle, o.why = "failure", "b", "server died"
+            o.kind, o.oracle, o.why = "failure", "b", self.dead[0]
+            o.notes.append(self.dead[1])
             return o
         o.answers = {"rules_on": a_on, "rules_off": a_off}
         for name, a in (("rules_on", a_on), ("rules_off", a_off)):
@@ -137,6 +152,7 @@ class Runner:
             return o
         dsql = rendered["duck"] if rendered else q.render("duck")
         d = self.duck.query(dsql)
+        self.seconds["duckdb"] += d.elapsed
         o.answers["duckdb"] = d
         if not d.ok and count:
             self.errors[f"duckdb:{d.code}"] += 1
@@ -219,6 +235,8 @@ class Runner:
                 self.counts["regressions_failed"] += 1
                 entry = {"regression": f, "kind": o.kind, "oracle": o.oracle, "why": o.why, "query": reg["df"],
                          "answers": {k: a.to_json() for k, a in o.answers.items()}}
+                if o.notes:
+                    entry["log_tail"] = o.notes[0]
                 (self.failures if o.kind == "failure" else self.mismatches).append(entry)
                 log(f"!! regression {f}: {o.kind} (oracle {o.oracle}): {o.why}")
 
@@ -226,17 +244,17 @@ class Runner:
         """Like check, for a regression file's SQL texts."""
 
         o = Outcome()
-        a_on, a_off = self.ask("on", reg["df"]), None
-        if a_on is not None:
-            a_off = self.ask("off", reg["df"])
+        a_on, a_off = self.ask_both(reg["df"])
         if a_on is None or a_off is None:
-            o.kind, o.oracle, o.why = "failure", "b", "server died"
+            o.kind, o.oracle, o.why = "failure", "b", self.dead[0]
+            o.notes.append(self.dead[1])
             return o
         o.answers = {"rules_on": a_on, "rules_off": a_off}
         spec = Spec([tuple(x) for x in reg["spec"].get("order", [])], reg["spec"].get("limit"), reg["spec"].get("tol", []))
         for name, a in (("rules_on", a_on), ("rules_off", a_off)):
             if not a.ok and a.status >= 500 and a.status not in RESOURCE:
                 o.kind, o.oracle, o.why = "failure", "b", f"{name}: HTTP {a.status} {a.code}: {a.message}"
+                o.notes.append((self.on if name == "rules_on" else self.off).log_tail())
                 return o
         if a_on.ok and a_off.ok:
             same, why = compare(a_on.rows, a_off.rows, spec)
@@ -456,6 +474,7 @@ def main():
         "shapes": dict(sorted(shapes.items())),
         "reduced": runner.counts["reduced"],
         "seconds": round(time.monotonic() - t0, 1),
+        "engine_seconds": {k: round(v, 1) for k, v in sorted(runner.seconds.items())},
         "known_differences": known.describe(),
         "mismatch_list": runner.mismatches, "failure_list": runner.failures,
     }

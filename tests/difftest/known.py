@@ -153,7 +153,14 @@ def _empty_grouping_set(q):
 
 # Answers that differ by design in a recognisable way: (name, reason, test on the query,
 # test on (skiff's rows, DuckDB's rows)). The query is then not compared, counted by name.
+def _beyond_int64(rows):
+    return any(isinstance(v, int) and not isinstance(v, bool) and not -2**63 <= v < 2**63 for r in rows for v in r)
+
+
 ANSWERS = [
+    ("sum_beyond_64_bits", "a BIGINT sum beyond 64 bits: DataFusion wraps around silently, DuckDB widens to HUGEINT",
+     lambda q: any(isinstance(n, (Agg, Win)) and n.fn == "sum" for n in walk(q)),
+     lambda skiff, duck: _beyond_int64(duck)),
     ("empty_grouping_set_of_no_rows", "ROLLUP/CUBE/GROUPING SETS with the empty set () over no rows: DataFusion "
      "gives no row, DuckDB (and PostgreSQL) one grand-total row",
      _empty_grouping_set, lambda skiff, duck: len(skiff) == 0 and len(duck) == 1),
