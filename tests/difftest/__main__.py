@@ -11,6 +11,8 @@ import argparse
 import json
 import os
 import re
+import shutil
+import signal
 import sys
 import threading
 import time
@@ -26,7 +28,8 @@ from .reduce import reduce
 HERE = os.path.dirname(os.path.abspath(__file__))
 REGRESSIONS = os.path.join(HERE, "regressions")
 # skiff's statuses that are not a verdict on the query: overloaded, timed out, out of memory
-RESOURCE = {503, 504, 507, 429, 599}
+RESOURCE = {503, 504, 507, 429}
+NO_ANSWER = 599  # engines.py: no answer within --timeout, though skiff's own timeout answers 504
 
 
 def log(*a):
@@ -105,7 +108,8 @@ class Runner:
                     self.errors[f"skiff:{a.status}:{a.code}"] += 1
                 if a.status >= 500 and a.status not in RESOURCE:
                     o.kind, o.oracle = "failure", "b"
-                    o.why = f"{name}: HTTP {a.status} {a.code}: {(a.message or '')[:300]}"
+                    o.why = (f"{name}: no answer in {self.args.timeout:.0f} s" if a.status == NO_ANSWER
+                             else f"{name}: HTTP {a.status} {a.code}: {(a.message or '')[:300]}")
                     server = self.on if name == "rules_on" else self.off
                     o.notes.append(server.log_tail())
                     return o
@@ -169,6 +173,8 @@ class Runner:
                 o.kind, o.oracle, o.why = "mismatch", "a", f"answers differ: {why}"
         elif a_on.ok != d.ok:
             reason = known.duck_error_reason(d.message) if a_on.ok else None
+            if a_on.ok and d.code == "timeout":
+                reason = "duckdb_timeout"
             if reason:
                 if count:
                     self.counts["compared_a"] -= 1
@@ -354,7 +360,20 @@ def lake_rows(tables):
     return total
 
 
+stop_requested = False
+
+
+def request_stop(signum, frame):
+    """SIGINT/SIGTERM: finish the query under way, stop the servers started here, report."""
+    global stop_requested
+    if stop_requested:
+        raise KeyboardInterrupt
+    stop_requested = True
+
+
 def main():
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
     ap = argparse.ArgumentParser(prog="scripts/difftest", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=1)
@@ -386,6 +405,9 @@ def main():
     ap.add_argument("--disable-flag", default=os.environ.get("DIFFTEST_DISABLE_ARGS", "--disable-rules all"),
                     help="serve arguments of the server without rules (empty: two normal servers)")
     ap.add_argument("--timeout", type=float, default=120, help="seconds to wait for one answer")
+    ap.add_argument("--memory-limit", default="3GiB",
+                    help="--memory-limit of the servers started here (skiff's default, 60%% of the machine's "
+                         "memory each, lets two of them push a shared machine into the OOM killer)")
     args = ap.parse_args()
     if bool(args.server) != bool(args.server_off):
         ap.error("--server and --server-off go together")
@@ -400,7 +422,7 @@ def main():
     duck = None
     if not args.no_duckdb:
         mat = args.duckdb_materialize == "yes" or (args.duckdb_materialize == "auto" and rows < 3_000_000)
-        duck = Duck(args.lake, tables, materialize=mat)
+        duck = Duck(args.lake, tables, materialize=mat, timeout=args.timeout)
         log(f"duckdb: {'tables read once' if mat else 'views over iceberg_scan'} ({rows:,} rows)")
     values = (duck or Duck(args.lake, tables, materialize=False)).sample_values(tables)
     runner.duck = duck
@@ -414,9 +436,10 @@ def main():
             runner.on = Skiff(args.server, args.token, "rules_on", timeout=args.timeout)
             runner.off = Skiff(args.server_off, args.token, "rules_off", timeout=args.timeout)
         else:
-            runner.on = start_skiff(args.lake, "rules_on")
+            mem = ["--memory-limit", args.memory_limit] if args.memory_limit else []
+            runner.on = start_skiff(args.lake, "rules_on", extra_args=mem)
             started.append(runner.on)
-            runner.off = start_skiff(args.lake, "rules_off", extra_args=args.disable_flag.split())
+            runner.off = start_skiff(args.lake, "rules_off", extra_args=mem + args.disable_flag.split())
             started.append(runner.off)
             for s in started:
                 s.timeout = args.timeout
@@ -444,6 +467,10 @@ def main():
             if args.max_seconds and time.monotonic() - t0 > args.max_seconds:
                 log(f"stopping after {args.max_seconds:.0f} s")
                 break
+            if stop_requested:
+                log("stopping: interrupted (the report covers the queries run so far)")
+                runner.counts["interrupted"] = 1
+                break
             try:
                 case = gen.case(n)
             except Exception as e:  # a generator bug: counted, and the run goes on
@@ -463,6 +490,12 @@ def main():
                 srv.stop()
         for s in started:
             s.stop()
+        logdirs = {os.path.dirname(s.log) for s in started if s.log}
+        if runner.failures:
+            log(f"server logs kept in {', '.join(sorted(logdirs))}")
+        else:
+            for d in logdirs:
+                shutil.rmtree(d, ignore_errors=True)
     report = {
         "seed": args.seed, "lake": os.path.abspath(args.lake), "lake_rows": rows,
         "generated": runner.counts["generated"], "ran": runner.counts["ran"],
@@ -473,6 +506,7 @@ def main():
         "regressions": {"replayed": runner.counts["regressions"], "failed": runner.counts["regressions_failed"]},
         "shapes": dict(sorted(shapes.items())),
         "reduced": runner.counts["reduced"],
+        "interrupted": bool(runner.counts["interrupted"]),
         "seconds": round(time.monotonic() - t0, 1),
         "engine_seconds": {k: round(v, 1) for k, v in sorted(runner.seconds.items())},
         "known_differences": known.describe(),

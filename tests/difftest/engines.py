@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 from collections import defaultdict
@@ -264,12 +265,18 @@ class Duck:
 
     def query(self, sql):
         t0 = time.monotonic()
+        # a query DuckDB cannot finish in time (a window over 30M rows) is interrupted, not waited for
+        timer = threading.Timer(self.timeout, self.con.interrupt)
+        timer.start()
         try:
             cur = self.con.execute(sql)
             rows = [list(r) for r in cur.fetchall()]
             return Answer(rows, elapsed=time.monotonic() - t0)
         except self.duckdb.Error as e:
-            return Answer(status=0, code=type(e).__name__, message=str(e), elapsed=time.monotonic() - t0)
+            code = "timeout" if time.monotonic() - t0 >= self.timeout else type(e).__name__
+            return Answer(status=0, code=code, message=str(e), elapsed=time.monotonic() - t0)
+        finally:
+            timer.cancel()
 
     def facts(self, tables):
         """What the lake holds that decides whether a known difference can show."""
@@ -279,7 +286,8 @@ class Duck:
                 if c.t == "float" and not neg_zero:
                     a = self.query(f'SELECT bool_or("{c.name}" = 0 AND signbit("{c.name}")) FROM {t.name}')
                     neg_zero = bool(a.ok and a.rows and a.rows[0][0])
-        return {"neg_zero": neg_zero}
+        floats = {c.name for t in tables.values() for c in t.columns if c.t == "float"}
+        return {"neg_zero": neg_zero, "float_columns": floats}
 
     def sample_values(self, tables, per_column=24):
         """Values to put in predicates: some of each column's values, in a fixed order."""

@@ -77,7 +77,6 @@ class Lit(Node):
 FUNCS = {
     "date_bin": ("date_bin({0}, {1}, {2})", "time_bucket({0}, {1}, {2})"),
     "approx_distinct": ("approx_distinct({0})", "approx_count_distinct({0})"),
-    "approx_median": ("approx_median({0})", "approx_quantile({0}, 0.5)"),
     "char_length": ("char_length({0})", "length({0})"),
 }
 
