@@ -177,8 +177,8 @@ ANSWERS = [
      lambda q: any(isinstance(n, (Agg, Win)) and n.fn == "sum" for n in walk(q)),
      lambda skiff, duck: _beyond_int64(duck)),
     ("empty_grouping_set_of_no_rows", "ROLLUP/CUBE/GROUPING SETS with the empty set () over no rows: DataFusion "
-     "gives no row, DuckDB (and PostgreSQL) one grand-total row",
-     _empty_grouping_set, lambda skiff, duck: len(skiff) == 0 and len(duck) == 1),
+     "gives no row, DuckDB (and PostgreSQL) a grand-total row (one per copy of the set)",
+     _empty_grouping_set, lambda skiff, duck: len(skiff) == 0 and len(duck) >= 1),
 ]
 
 
