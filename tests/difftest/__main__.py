@@ -62,6 +62,7 @@ class Runner:
         self.on = self.off = self.duck = None
         self.seconds = Counter()
         self.dead = ("", "")
+        self.reduce_spent = 0.0
         self.lock = threading.Lock()
         self.pool = ThreadPoolExecutor(2)
 
@@ -208,12 +209,14 @@ class Runner:
         else:
             self.mismatches.append(entry)
         log(f"!! {o.kind} (oracle {o.oracle}) at query {case.n} ({case.shape}): {o.why}\n   {rendered['df'][:600]}")
-        if self.args.reduce and self.counts["reduced"] < self.args.max_reductions and \
-                time.monotonic() < self.reduce_deadline:
+        left = self.args.reduce_total_seconds - self.reduce_spent
+        if self.args.reduce and self.counts["reduced"] < self.args.max_reductions and left > 1:
             self.counts["reduced"] += 1
             sig = o.signature()
+            t0 = time.monotonic()
             small, tries = reduce(q, lambda c: self.check(c, count=False).signature() == sig,
-                                  budget_s=min(self.args.reduce_seconds, max(0.0, self.reduce_deadline - time.monotonic())))
+                                  budget_s=min(self.args.reduce_seconds, left))
+            self.reduce_spent += time.monotonic() - t0
             again = self.check(small, count=False)
             entry["reduced"] = small.render("df")
             entry["reduced_duckdb"] = small.render("duck")
@@ -417,7 +420,6 @@ def main():
     if not any(t.kind == "events" for t in tables.values()):
         ap.error(f"{args.lake} has no events table")
     runner = Runner(args, tables)
-    runner.reduce_deadline = time.monotonic() + 1e9
     rows = lake_rows(tables)
     duck = None
     if not args.no_duckdb:
@@ -462,7 +464,6 @@ def main():
         elif not args.no_regressions:
             runner.replay(REGRESSIONS)
         gen = Generator(tables, values, args.seed)
-        runner.reduce_deadline = time.monotonic() + args.reduce_total_seconds
         for n in range(args.first, args.first + args.queries):
             if args.max_seconds and time.monotonic() - t0 > args.max_seconds:
                 log(f"stopping after {args.max_seconds:.0f} s")
@@ -515,10 +516,21 @@ def main():
     summary(report)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(report, f, indent=1, default=str)
+            json.dump(finite(report), f, indent=1, default=str, allow_nan=False)
     del report["known_differences"]  # in --out's file; the line stays readable
-    print(json.dumps(report, default=str))
+    print(json.dumps(finite(report), default=str, allow_nan=False))
     sys.exit(1 if runner.mismatches or runner.failures else 0)
+
+
+def finite(v):
+    """The report as strict JSON: DuckDB's NaN and ±inf as the strings "NaN", "inf", "-inf"."""
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return "NaN" if v != v else ("inf" if v > 0 else "-inf")
+    if isinstance(v, dict):
+        return {k: finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [finite(x) for x in v]
+    return v
 
 
 def summary(r):
