@@ -112,6 +112,21 @@ pub struct ServeConfig {
     #[arg(long, env = "SKIFF_S3_PATH_STYLE", default_value_t = false)]
     pub s3_path_style: bool,
 
+    /// Connections open at once on each listener (HTTP, Flight); one more closes the one idle
+    /// longest. Lowered at start to fit the open-file limit.
+    #[arg(long, env = "SKIFF_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+
+    /// How long a connection may stay open without moving a byte while no request of its is
+    /// being answered (`30s`): idle keep-alive connections, and clients that send nothing or
+    /// half a request, are closed then.
+    #[arg(long, env = "SKIFF_IDLE_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// Longest an HTTP request's headers may take to arrive (`10s`).
+    #[arg(long, env = "SKIFF_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub header_timeout: Duration,
+
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "SKIFF_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
@@ -124,6 +139,11 @@ pub struct ServeConfig {
     /// execution and streaming (`30s`, `2m`). The query is cancelled then.
     #[arg(long, env = "SKIFF_QUERY_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub query_timeout: Duration,
+
+    /// How long a result waits for its client to read the next part (`20s`): a client that
+    /// stops reading longer has its query cancelled and its slot freed (HTTP and Flight).
+    #[arg(long, env = "SKIFF_WRITE_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
+    pub write_timeout: Duration,
 
     /// Queries executing at once; more wait in the queue.
     #[arg(long, env = "SKIFF_MAX_CONCURRENT_QUERIES", default_value_t = 4)]
@@ -141,6 +161,33 @@ pub struct ServeConfig {
     /// fail. Default: 60% of the container's (cgroup) or machine's memory.
     #[arg(long, env = "SKIFF_MEMORY_LIMIT", value_parser = parse_bytes)]
     pub memory_limit: Option<usize>,
+
+    /// The longest string a function may make (`repeat`, `lpad`, `replace`, …), in bytes.
+    #[arg(long, env = "SKIFF_MAX_VALUE_BYTES", default_value = "64MiB", value_parser = parse_bytes)]
+    pub max_value_bytes: usize,
+
+    /// The most elements an array or series a function makes may have (`array_repeat`,
+    /// `range`, …).
+    #[arg(long, env = "SKIFF_MAX_ARRAY_LENGTH", default_value_t = 10_000_000)]
+    pub max_array_length: usize,
+
+    /// The most grouping sets one GROUP BY may expand to (`CUBE` of 12 columns is 4096).
+    #[arg(long, env = "SKIFF_MAX_GROUPING_SETS", default_value_t = 4096)]
+    pub max_grouping_sets: u64,
+
+    /// The largest statement, in syntax nodes once each CTE reference is expanded as the
+    /// planner inlines it.
+    #[arg(long, env = "SKIFF_MAX_PLAN_NODES", default_value_t = 100_000)]
+    pub max_plan_nodes: u64,
+
+    /// Local disk that queries may spill to when their memory runs out (`20GiB`); a query
+    /// that needs more fails with 507. Default: half of what is free in `--spill-dir` at start.
+    #[arg(long, env = "SKIFF_MAX_SPILL_BYTES", value_parser = parse_bytes)]
+    pub max_spill_bytes: Option<usize>,
+
+    /// Folder for spill files (default: the temporary directory).
+    #[arg(long, env = "SKIFF_SPILL_DIR")]
+    pub spill_dir: Option<PathBuf>,
 
     /// Most rows a result may have. The Basin route stops there and says so in `messages`;
     /// `/query` and `/streaming-query` fail rather than return a cut result.
@@ -236,6 +283,9 @@ impl ServeConfig {
         if self.s3_access_key_id.is_some() != self.s3_secret_access_key.is_some() {
             return Err("--s3-access-key-id and --s3-secret-access-key go together".into());
         }
+        if self.max_connections == 0 || self.idle_timeout.is_zero() || self.header_timeout.is_zero() {
+            return Err("--max-connections, --idle-timeout and --header-timeout must be positive".into());
+        }
         if self.max_body_bytes == 0 || self.max_sql_bytes == 0 {
             return Err("--max-body-bytes and --max-sql-bytes must be positive".into());
         }
@@ -244,8 +294,8 @@ impl ServeConfig {
                 "--max-concurrent-queries, --max-result-rows and --max-result-bytes must be positive".into(),
             );
         }
-        if self.query_timeout.is_zero() {
-            return Err("--query-timeout must be positive".into());
+        if self.query_timeout.is_zero() || self.write_timeout.is_zero() {
+            return Err("--query-timeout and --write-timeout must be positive".into());
         }
         if self.refresh_interval < Duration::from_secs(1) {
             return Err("--refresh-interval must be at least 1s".into());

@@ -29,12 +29,15 @@ pub enum SkiffError {
     MethodNotAllowed(String),
     #[error("{dependency} is unavailable: {message}")]
     Unavailable { dependency: &'static str, message: String },
-    #[error("query exceeded the memory limit: {0}")]
+    #[error("query exceeded its memory or spill limit (--memory-limit, --max-spill-bytes): {0}")]
     ResourcesExhausted(String),
     #[error("overloaded: {0}; retry later")]
     Overloaded(String),
     #[error("query timed out (--query-timeout)")]
     Timeout,
+    /// The client stopped reading a result that was still coming.
+    #[error("{0}")]
+    Stalled(String),
     /// The server is draining before it exits: no new queries, and what outlives the grace
     /// period is cancelled. Retryable: another instance (or this one, restarted) will answer.
     #[error("skiff is shutting down: {0}")]
@@ -85,6 +88,7 @@ impl SkiffError {
             Self::ResourcesExhausted(_) => StatusCode::INSUFFICIENT_STORAGE,
             Self::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::Stalled(_) => StatusCode::REQUEST_TIMEOUT,
             Self::ResultTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::DataError(_) => StatusCode::BAD_GATEWAY,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -112,7 +116,7 @@ impl SkiffError {
             Self::TableNotFound(_) | Self::RouteNotFound(_) => Code::NotFound,
             Self::Unauthorized => Code::Unauthenticated,
             Self::ReadOnly(_) => Code::PermissionDenied,
-            Self::Timeout => Code::DeadlineExceeded,
+            Self::Timeout | Self::Stalled(_) => Code::DeadlineExceeded,
             Self::Unavailable { .. } | Self::ShuttingDown(_) => Code::Unavailable,
             Self::Overloaded(_)
             | Self::ResourcesExhausted(_)
@@ -148,6 +152,7 @@ impl SkiffError {
             Self::ResourcesExhausted(_) => "resources_exhausted",
             Self::Overloaded(_) => "overloaded",
             Self::Timeout => "timeout",
+            Self::Stalled(_) => "client_stalled",
             Self::ShuttingDown(_) => "shutting_down",
             Self::ResultTooLarge(_) => "result_too_large",
             Self::DataError(_) => "data_error",
@@ -165,7 +170,7 @@ impl SkiffError {
             Self::Unavailable { .. } | Self::ShuttingDown(_) => 80001,
             Self::Internal(_) => 10001,
             Self::Overloaded(_) => 42900,
-            Self::Timeout => 40008,
+            Self::Timeout | Self::Stalled(_) => 40008,
             Self::BadRequest(_)
             | Self::UnsupportedMediaType(_)
             | Self::PayloadTooLarge { .. }
@@ -273,6 +278,7 @@ impl SkiffError {
             }
             Self::TableNotFound(m) => Self::TableNotFound(m.clone()),
             Self::Timeout => Self::Timeout,
+            Self::Stalled(m) => Self::Stalled(m.clone()),
             Self::ShuttingDown(m) => Self::ShuttingDown(m.clone()),
             Self::Overloaded(m) => Self::Overloaded(m.clone()),
             Self::InvalidQuery(m) => Self::InvalidQuery(m.clone()),

@@ -13,6 +13,7 @@ mod error;
 mod flight;
 mod http;
 mod lake;
+mod listen;
 mod observe;
 
 use std::process::ExitCode;
@@ -32,7 +33,7 @@ fn main() -> ExitCode {
     init_tracing();
     observe::panics::install();
     // Planning recurses over the query's tree: 8 MiB (tokio's default is 2) leaves room for
-    // the deepest query `engine::limits::MAX_NESTING` lets through.
+    // the deepest query `engine::sql_bounds::MAX_NESTING` lets through.
     let runtime =
         match tokio::runtime::Builder::new_multi_thread().enable_all().thread_stack_size(8 << 20).build() {
             Ok(r) => r,
@@ -116,10 +117,21 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
     let limits = engine::Limits {
         max_sql_bytes: cfg.max_sql_bytes,
         query_timeout: cfg.query_timeout,
+        write_timeout: cfg.write_timeout,
         max_concurrent: cfg.max_concurrent_queries,
         max_queued: cfg.max_queued_queries,
         queue_timeout: cfg.queue_timeout,
         memory_limit: cfg.memory_limit.unwrap_or_else(engine::limits::default_memory_limit),
+        plan: engine::sql_bounds::PlanBounds {
+            max_plan_nodes: cfg.max_plan_nodes,
+            max_grouping_sets: cfg.max_grouping_sets,
+        },
+        max_value_bytes: cfg.max_value_bytes,
+        max_array_length: cfg.max_array_length,
+        spill_bytes: cfg.max_spill_bytes.unwrap_or_else(|| {
+            engine::limits::default_spill_bytes(&cfg.spill_dir.clone().unwrap_or_else(std::env::temp_dir))
+        }),
+        spill_dir: cfg.spill_dir.clone(),
     };
     let engine = engine::Engine::new(
         lake.clone(),
@@ -166,17 +178,20 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
         max_result_bytes: cfg.max_result_bytes as u64,
         metrics_public: cfg.metrics_public,
     });
+    let bounds = listen::Bounds { max: connection_cap(cfg.max_connections), idle: cfg.idle_timeout };
     let stop_listening = tokio_util::sync::CancellationToken::new();
-    let mut server = tokio::spawn(
-        axum::serve(listener, http::router(state.clone()))
-            .with_graceful_shutdown(stop_listening.clone().cancelled_owned())
-            .into_future(),
-    );
+    let mut server = tokio::spawn(http::serve::serve(
+        listener,
+        http::router(state.clone()),
+        bounds,
+        cfg.header_timeout,
+        stop_listening.clone().cancelled_owned(),
+    ));
     // Flight follows the same shutdown: refused new queries while draining, closed with HTTP.
     let flight = flight_listener.map(|l| {
         let (state, stop) = (state.clone(), stop_listening.clone());
         tokio::spawn(async move {
-            if let Err(e) = flight::serve(l, state, stop.cancelled_owned()).await {
+            if let Err(e) = flight::serve(l, state, bounds, stop.cancelled_owned()).await {
                 tracing::error!(error = %e, "the Flight SQL server failed");
             }
         })
@@ -184,7 +199,8 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
     tokio::select! {
         _ = signals.next() => {}
         done = &mut server => {
-            return done.map_err(|e| StartError::Msg(format!("the HTTP server failed: {e}")))?.map_err(Into::into);
+            done.map_err(|e| StartError::Msg(format!("the HTTP server failed: {e}")))?;
+            return Err(StartError::Msg("the HTTP server stopped".into()));
         }
     }
     drain(&state.engine, cfg.shutdown_grace, &mut signals).await;
@@ -201,6 +217,24 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
         Err(_) => tracing::warn!("connections still open after {WIND_DOWN:?}; closing them"),
     }
     Ok(())
+}
+
+/// `wanted` connections per listener, lowered so that both listeners' connections and the
+/// files queries open stay under the open-file limit (raised to its hard limit first).
+fn connection_cap(wanted: usize) -> usize {
+    let files = listen::raise_open_files();
+    // Data files, spill files, caches and the runtime's own descriptors.
+    let room = files.saturating_sub(512) / 2;
+    let cap = wanted.min(room as usize).max(16);
+    if cap < wanted {
+        tracing::warn!(
+            wanted,
+            cap,
+            open_file_limit = files,
+            "--max-connections lowered to fit the open-file limit"
+        );
+    }
+    cap
 }
 
 /// How long, after the drain, open connections get to finish sending; a response stuck on a

@@ -125,17 +125,10 @@ impl AggregateUDFImpl for CountWithDistinctStrings {
 #[derive(Debug)]
 struct SingleDistinctUnlessStrings(Arc<dyn OptimizerRule + Send + Sync>);
 
-/// `rules` with DataFusion's `SingleDistinctToGroupBy` wrapped in [`SingleDistinctUnlessStrings`].
-pub fn keep_distinct_strings(
-    rules: &[Arc<dyn OptimizerRule + Send + Sync>],
-) -> Vec<Arc<dyn OptimizerRule + Send + Sync>> {
-    let wrap = |r: &Arc<dyn OptimizerRule + Send + Sync>| -> Arc<dyn OptimizerRule + Send + Sync> {
-        match r.name() {
-            "single_distinct_aggregation_to_group_by" => Arc::new(SingleDistinctUnlessStrings(r.clone())),
-            _ => r.clone(),
-        }
-    };
-    rules.iter().map(wrap).collect()
+/// DataFusion's `SingleDistinctToGroupBy`, wrapped in [`SingleDistinctUnlessStrings`].
+pub fn single_distinct_unless_strings() -> Arc<dyn OptimizerRule + Send + Sync> {
+    use datafusion::optimizer::single_distinct_to_groupby::SingleDistinctToGroupBy;
+    Arc::new(SingleDistinctUnlessStrings(Arc::new(SingleDistinctToGroupBy::new())))
 }
 
 impl OptimizerRule for SingleDistinctUnlessStrings {
@@ -668,7 +661,14 @@ mod tests {
         let state = SessionStateBuilder::new().with_default_features().build();
         let state = match skiff {
             true => {
-                let rules = keep_distinct_strings(state.optimizers());
+                let rules: Vec<_> = state
+                    .optimizers()
+                    .iter()
+                    .map(|r| match r.name() {
+                        "single_distinct_aggregation_to_group_by" => single_distinct_unless_strings(),
+                        _ => r.clone(),
+                    })
+                    .collect();
                 SessionStateBuilder::new_from_existing(state).with_optimizer_rules(rules).build()
             }
             false => state,

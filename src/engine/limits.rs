@@ -3,7 +3,6 @@
 //! the memory pool's size, how deeply a query may nest, what a batch held in memory is
 //! counted as, and joins that give a cancelled query the chance to stop.
 
-use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,12 +20,10 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coop::CooperativeExec;
 use datafusion::physical_plan::joins::{CrossJoinExec, NestedLoopJoinExec};
 use datafusion::physical_plan::{ExecutionPlan, RecordBatchStream, SendableRecordBatchStream};
-use datafusion::sql::parser::Statement;
-use datafusion::sql::sqlparser::ast::{Expr, Query, SetExpr, Visit, Visitor};
-use futures::{FutureExt, Stream};
+use futures::Stream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::{Instant, Sleep};
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::error::SkiffError;
 use crate::observe::metrics;
@@ -115,56 +112,116 @@ impl Admission {
 pub const CANCELLED_AT_SHUTDOWN: &str =
     "the query outlived the grace period (--shutdown-grace) and was cancelled";
 
-/// A result stream that holds its query's permit until it ends, and fails with
-/// [`SkiffError::Timeout`] at the deadline, or [`SkiffError::ShuttingDown`] when shutdown
-/// cancels running queries, dropping (so cancelling) the query.
+/// A result stream that holds its query's permit while the query runs. A watchdog ends the
+/// query, whether or not anyone polls the stream: at the deadline ([`SkiffError::Timeout`]),
+/// when shutdown cancels running queries ([`SkiffError::ShuttingDown`]), or when the consumer
+/// has not taken a ready batch for `stall` (a client that stopped reading). Ending drops the
+/// query (so cancels it) and frees its permit at once; the consumer's next poll gets the error.
 pub struct Bounded {
-    inner: Option<SendableRecordBatchStream>,
+    state: Arc<std::sync::Mutex<Running>>,
     schema: SchemaRef,
-    deadline: Pin<Box<Sleep>>,
-    shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
-    _permit: OwnedSemaphorePermit,
+    watchdog: tokio::task::AbortHandle,
+}
+
+struct Running {
+    inner: Option<SendableRecordBatchStream>,
+    permit: Option<OwnedSemaphorePermit>,
+    /// Why the watchdog ended the query, until the consumer is told.
+    ended: Option<SkiffError>,
+    /// Since when a batch handed out waits for the consumer to come back for the next.
+    handed_out: Option<Instant>,
+    waker: Option<std::task::Waker>,
+}
+
+impl Running {
+    fn end(&mut self, why: SkiffError) {
+        if self.inner.take().is_some() {
+            self.ended = Some(why);
+        }
+        self.permit = None;
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
 }
 
 impl Bounded {
     pub fn new(
         inner: SendableRecordBatchStream,
         deadline: Instant,
+        stall: Duration,
         shutdown: CancellationToken,
         permit: OwnedSemaphorePermit,
     ) -> Self {
         let schema = inner.schema();
-        Self {
+        let state = Arc::new(std::sync::Mutex::new(Running {
             inner: Some(inner),
-            schema,
-            deadline: Box::pin(tokio::time::sleep_until(deadline)),
-            shutdown: Box::pin(shutdown.cancelled_owned()),
-            _permit: permit,
-        }
+            permit: Some(permit),
+            ended: None,
+            handed_out: None,
+            waker: None,
+        }));
+        let watched = Arc::downgrade(&state);
+        let watchdog = tokio::spawn(async move {
+            let mut check = tokio::time::interval(stall.clamp(Duration::from_millis(10), Duration::from_secs(1)));
+            loop {
+                let why = tokio::select! {
+                    _ = tokio::time::sleep_until(deadline) => SkiffError::Timeout,
+                    _ = shutdown.cancelled() => SkiffError::ShuttingDown(CANCELLED_AT_SHUTDOWN.into()),
+                    _ = check.tick() => {
+                        let Some(state) = watched.upgrade() else { return };
+                        let stalled = state.lock().expect("running").handed_out.is_some_and(|t| t.elapsed() >= stall);
+                        if !stalled {
+                            continue;
+                        }
+                        SkiffError::Stalled(format!(
+                            "the client took no data for {stall:?} (--write-timeout): the query was cancelled"
+                        ))
+                    }
+                };
+                if let Some(state) = watched.upgrade() {
+                    state.lock().expect("running").end(why);
+                }
+                return;
+            }
+        })
+        .abort_handle();
+        Self { state, schema, watchdog }
+    }
+}
+
+impl Drop for Bounded {
+    fn drop(&mut self) {
+        self.watchdog.abort();
     }
 }
 
 impl Stream for Bounded {
     type Item = DFResult<RecordBatch>;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.inner.is_some() && self.shutdown.poll_unpin(cx).is_ready() {
-            self.inner = None;
-            let e = SkiffError::ShuttingDown(CANCELLED_AT_SHUTDOWN.into());
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let mut state = self.state.lock().expect("running");
+        state.handed_out = None;
+        if let Some(e) = state.ended.take() {
             return Poll::Ready(Some(Err(DataFusionError::External(Box::new(e)))));
         }
-        let Some(inner) = self.inner.as_mut() else { return Poll::Ready(None) };
-        if let Poll::Ready(item) = inner.as_mut().poll_next(cx) {
-            if item.is_none() {
-                self.inner = None;
+        let Some(inner) = state.inner.as_mut() else { return Poll::Ready(None) };
+        match inner.as_mut().poll_next(cx) {
+            Poll::Ready(Some(item)) => {
+                state.handed_out = Some(Instant::now());
+                Poll::Ready(Some(item))
             }
-            return Poll::Ready(item);
+            Poll::Ready(None) => {
+                // Done: the slot is free as soon as the last batch is out.
+                state.inner = None;
+                state.permit = None;
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                state.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
         }
-        if self.deadline.poll_unpin(cx).is_ready() {
-            self.inner = None;
-            return Poll::Ready(Some(Err(DataFusionError::External(Box::new(SkiffError::Timeout)))));
-        }
-        Poll::Pending
     }
 }
 
@@ -197,6 +254,20 @@ pub fn default_memory_limit() -> usize {
         (None, None) => 4 << 30,
     };
     total / 10 * 6
+}
+
+/// Half of the space free in `dir` (1 GiB when it cannot be read): what spilling may use by
+/// default, so that queries never fill the disk the process and its caches live on.
+pub fn default_spill_bytes(dir: &std::path::Path) -> usize {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return 1 << 30 };
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a NUL-terminated string and `stat` a buffer statvfs fills.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
+        return 1 << 30;
+    }
+    let free = (stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64);
+    usize::try_from(free / 2).unwrap_or(usize::MAX)
 }
 
 /// The memory a batch's rows take. Aggregations emit slices of one large array, and every
@@ -286,66 +357,6 @@ impl PhysicalOptimizerRule for YieldingJoins {
 
     fn schema_check(&self) -> bool {
         true
-    }
-}
-
-/// How deeply expressions and set operations may nest. The parser reads `a OR b OR …` and
-/// `1 + 1 + …` in a loop, but the tree it builds is as deep as the chain is long, and
-/// DataFusion plans it recursively: 2,000 terms (4 KB of SQL) overflowed a thread's stack and
-/// aborted the process, and planning time grows with the square of the depth.
-pub const MAX_NESTING: usize = 1000;
-
-/// Refuses a statement nested deeper than [`MAX_NESTING`], before DataFusion plans it.
-pub fn check_nesting(statement: &Statement) -> Result<(), SkiffError> {
-    let statement = match statement {
-        Statement::Statement(s) => s.as_ref(),
-        Statement::Explain(e) => return check_nesting(&e.statement),
-        _ => return Ok(()),
-    };
-    let mut depth = Depth { now: 0 };
-    match statement.visit(&mut depth) {
-        ControlFlow::Continue(()) => Ok(()),
-        ControlFlow::Break(what) => Err(SkiffError::BadRequest(format!(
-            "the query nests {what} more than {MAX_NESTING} deep; write a long list of \
-             alternatives as `x IN (…)`"
-        ))),
-    }
-}
-
-/// Counts nesting on the way down and stops at the limit, so the walk itself stays shallow.
-struct Depth {
-    now: usize,
-}
-
-impl Visitor for Depth {
-    type Break = &'static str;
-
-    fn pre_visit_expr(&mut self, _: &Expr) -> ControlFlow<Self::Break> {
-        self.now += 1;
-        if self.now > MAX_NESTING { ControlFlow::Break("expressions") } else { ControlFlow::Continue(()) }
-    }
-
-    fn post_visit_expr(&mut self, _: &Expr) -> ControlFlow<Self::Break> {
-        self.now -= 1;
-        ControlFlow::Continue(())
-    }
-
-    fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<Self::Break> {
-        if set_depth(&query.body, MAX_NESTING) > MAX_NESTING {
-            return ControlFlow::Break("set operations (UNION, INTERSECT, EXCEPT)");
-        }
-        ControlFlow::Continue(())
-    }
-}
-
-/// The depth of a chain of set operations, counted no further than `budget` + 1.
-fn set_depth(e: &SetExpr, budget: usize) -> usize {
-    match e {
-        SetExpr::SetOperation { left, right, .. } if budget > 0 => {
-            1 + set_depth(left, budget - 1).max(set_depth(right, budget - 1))
-        }
-        SetExpr::SetOperation { .. } => 1,
-        _ => 0,
     }
 }
 

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::SessionState;
+use datafusion::optimizer::OptimizerRule;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::prelude::SessionContext;
 
@@ -86,21 +87,131 @@ impl Disabled {
     }
 }
 
-/// `state` with skiff's rules that are on put in their places among DataFusion's.
+/// `state` with the optimizer rules skiff runs: DataFusion's, with skiff's that are on in
+/// their places.
 pub fn install(state: SessionState, off: &Disabled) -> SessionState {
-    use super::{count_distinct, group_keys, limits, shared, string_eq, window};
+    use super::shared;
     let on = |name| off.is_on(name);
-
-    let mut physical = state.physical_optimizers().to_vec();
-    // Before DataFusion's last filter push-down, which adds dynamic filters to the plan.
-    let at = physical
-        .iter()
-        .position(|r| r.name().starts_with("FilterPushdown") && r.name().contains("Post"))
-        .unwrap_or(physical.len().saturating_sub(1));
-    if on("whole_partition_windows") {
-        physical.insert(at, Arc::new(window::WholePartitionWindows));
+    let scan = ScanOptions {
+        statistics: on("manifest_statistics"),
+        pruning: on("manifest_pruning"),
+        measured_row_filters: on("measured_row_filters"),
+    };
+    let mut builder = SessionStateBuilder::new_from_existing(state)
+        .with_optimizer_rules(logical(off))
+        .with_physical_optimizer_rules(physical(off));
+    builder.config().get_or_insert_with(Default::default).set_extension(Arc::new(scan));
+    if on("share_repeated_subqueries") {
+        builder = builder
+            .with_analyzer_rule(Arc::new(shared::ShareRepeatedSubqueries))
+            .with_query_planner(Arc::new(shared::Planner));
     }
-    let last: [(&str, Arc<dyn PhysicalOptimizerRule + Send + Sync>); 5] = [
+    builder.build()
+}
+
+type LogicalRule = Arc<dyn OptimizerRule + Send + Sync>;
+type PhysicalRule = Arc<dyn PhysicalOptimizerRule + Send + Sync>;
+
+/// DataFusion 53.1's logical rules in the order `Optimizer::new()` runs them, built here so
+/// that skiff's go in their places by construction (a test checks the list against
+/// DataFusion's). One is left out: `EliminateGroupByConstant` turns `GROUP BY <constant>` into
+/// an aggregation without groups, which over no rows answers one row instead of none
+/// (difftest regression 011).
+fn logical(off: &Disabled) -> Vec<LogicalRule> {
+    use datafusion::optimizer::{
+        common_subexpr_eliminate::CommonSubexprEliminate, decorrelate_lateral_join::DecorrelateLateralJoin,
+        decorrelate_predicate_subquery::DecorrelatePredicateSubquery,
+        eliminate_cross_join::EliminateCrossJoin, eliminate_duplicated_expr::EliminateDuplicatedExpr,
+        eliminate_filter::EliminateFilter, eliminate_join::EliminateJoin, eliminate_limit::EliminateLimit,
+        eliminate_outer_join::EliminateOuterJoin, extract_equijoin_predicate::ExtractEquijoinPredicate,
+        extract_leaf_expressions::ExtractLeafExpressions, extract_leaf_expressions::PushDownLeafProjections,
+        filter_null_join_keys::FilterNullJoinKeys, optimize_projections::OptimizeProjections,
+        optimize_unions::OptimizeUnions, propagate_empty_relation::PropagateEmptyRelation,
+        push_down_filter::PushDownFilter, push_down_limit::PushDownLimit,
+        replace_distinct_aggregate::ReplaceDistinctWithAggregate,
+        rewrite_set_comparison::RewriteSetComparison, scalar_subquery_to_join::ScalarSubqueryToJoin,
+        simplify_expressions::SimplifyExpressions, single_distinct_to_groupby::SingleDistinctToGroupBy,
+    };
+    let mut rules: Vec<LogicalRule> = vec![
+        Arc::new(RewriteSetComparison::new()),
+        Arc::new(OptimizeUnions::new()),
+        Arc::new(SimplifyExpressions::new()),
+        Arc::new(ReplaceDistinctWithAggregate::new()),
+        Arc::new(EliminateJoin::new()),
+        Arc::new(DecorrelatePredicateSubquery::new()),
+        Arc::new(ScalarSubqueryToJoin::new()),
+        Arc::new(DecorrelateLateralJoin::new()),
+        Arc::new(ExtractEquijoinPredicate::new()),
+        Arc::new(EliminateDuplicatedExpr::new()),
+        Arc::new(EliminateFilter::new()),
+        Arc::new(EliminateCrossJoin::new()),
+        Arc::new(EliminateLimit::new()),
+        Arc::new(PropagateEmptyRelation::new()),
+        Arc::new(FilterNullJoinKeys::default()),
+        Arc::new(EliminateOuterJoin::new()),
+        Arc::new(PushDownLimit::new()),
+        Arc::new(PushDownFilter::new()),
+    ];
+    rules.push(if off.is_on("single_distinct_unless_strings") {
+        super::count_distinct::single_distinct_unless_strings()
+    } else {
+        Arc::new(SingleDistinctToGroupBy::new())
+    });
+    rules.extend([
+        Arc::new(CommonSubexprEliminate::new()) as LogicalRule,
+        Arc::new(ExtractLeafExpressions::new()),
+        Arc::new(PushDownLeafProjections::new()),
+    ]);
+    // After filters are pushed down, before projections are pruned.
+    if off.is_on("group_keys_at_scan") {
+        rules.push(Arc::new(super::group_keys::GroupKeysAtScan));
+    }
+    rules.push(Arc::new(OptimizeProjections::new()));
+    rules
+}
+
+/// DataFusion 53.1's physical rules in the order `PhysicalOptimizer::new()` runs them, with
+/// skiff's in their places (a test checks the list against DataFusion's).
+fn physical(off: &Disabled) -> Vec<PhysicalRule> {
+    use super::{limits, string_eq, window};
+    use datafusion::physical_optimizer::{
+        aggregate_statistics::AggregateStatistics, combine_partial_final_agg::CombinePartialFinalAggregate,
+        enforce_distribution::EnforceDistribution, enforce_sorting::EnforceSorting,
+        ensure_coop::EnsureCooperative, filter_pushdown::FilterPushdown, join_selection::JoinSelection,
+        limit_pushdown::LimitPushdown, limit_pushdown_past_window::LimitPushPastWindows,
+        limited_distinct_aggregation::LimitedDistinctAggregation, output_requirements::OutputRequirements,
+        projection_pushdown::ProjectionPushdown, pushdown_sort::PushdownSort,
+        sanity_checker::SanityCheckPlan, topk_aggregation::TopKAggregation,
+        update_aggr_exprs::OptimizeAggregateOrder,
+    };
+    let mut rules: Vec<PhysicalRule> = vec![
+        Arc::new(OutputRequirements::new_add_mode()),
+        Arc::new(AggregateStatistics::new()),
+        Arc::new(JoinSelection::new()),
+        Arc::new(LimitedDistinctAggregation::new()),
+        Arc::new(FilterPushdown::new()),
+        Arc::new(EnforceDistribution::new()),
+        Arc::new(CombinePartialFinalAggregate::new()),
+        Arc::new(EnforceSorting::new()),
+        Arc::new(OptimizeAggregateOrder::new()),
+        Arc::new(ProjectionPushdown::new()),
+        Arc::new(OutputRequirements::new_remove_mode()),
+        Arc::new(TopKAggregation::new()),
+        Arc::new(LimitPushPastWindows::new()),
+        Arc::new(LimitPushdown::new()),
+        Arc::new(ProjectionPushdown::new()),
+        Arc::new(PushdownSort::new()),
+        Arc::new(EnsureCooperative::new()),
+    ];
+    // Once sorts are placed, before the last filter push-down adds dynamic filters, which
+    // must find the window nodes already in their final form.
+    if off.is_on("whole_partition_windows") {
+        rules.push(Arc::new(window::WholePartitionWindows));
+    }
+    rules.push(Arc::new(FilterPushdown::new_post_optimization()));
+    rules.push(Arc::new(SanityCheckPlan::new()));
+    let last: [(&str, PhysicalRule); 5] = [
+        // On the final plan: scans that received a dynamic filter filter while decoding.
         ("dynamic_row_filters", Arc::new(crate::lake::DynamicRowFilters)),
         ("selective_first", Arc::new(crate::lake::SelectiveFirst)),
         // It only changes how a string equality is computed, once the plan is final.
@@ -110,33 +221,8 @@ pub fn install(state: SessionState, off: &Disabled) -> SessionState {
         // After every rule that looks for joins: it wraps them so a cancel takes effect.
         ("yielding_joins", Arc::new(limits::YieldingJoins)),
     ];
-    physical.extend(last.into_iter().filter(|(name, _)| on(name)).map(|(_, r)| r));
-
-    let mut logical = if on("single_distinct_unless_strings") {
-        count_distinct::keep_distinct_strings(state.optimizers())
-    } else {
-        state.optimizers().to_vec()
-    };
-    if on("group_keys_at_scan") {
-        // Before the last rule (DataFusion's projection pruning), after filters are pushed down.
-        logical.insert(logical.len().saturating_sub(1), Arc::new(group_keys::GroupKeysAtScan));
-    }
-
-    let scan = ScanOptions {
-        statistics: on("manifest_statistics"),
-        pruning: on("manifest_pruning"),
-        measured_row_filters: on("measured_row_filters"),
-    };
-    let mut builder = SessionStateBuilder::new_from_existing(state)
-        .with_optimizer_rules(logical)
-        .with_physical_optimizer_rules(physical);
-    builder.config().get_or_insert_with(Default::default).set_extension(Arc::new(scan));
-    if on("share_repeated_subqueries") {
-        builder = builder
-            .with_analyzer_rule(Arc::new(shared::ShareRepeatedSubqueries))
-            .with_query_planner(Arc::new(shared::Planner));
-    }
-    builder.build()
+    rules.extend(last.into_iter().filter(|(name, _)| off.is_on(name)).map(|(_, r)| r));
+    rules
 }
 
 /// Registers skiff's function replacements that are on.
@@ -170,5 +256,20 @@ mod tests {
         let err = Disabled::parse(&["fold_per_flie".into()]).unwrap_err();
         assert!(err.contains("fold_per_flie") && err.contains("fold_per_file"), "{err}");
         assert_eq!(Disabled::parse(&[]).unwrap(), Disabled::default());
+    }
+
+    /// With skiff's rules off, the lists are DataFusion's own, less the one left out: a
+    /// DataFusion upgrade that adds, drops or moves a rule fails here.
+    #[test]
+    fn datafusions_rules_in_datafusions_order() {
+        let names = |n: Vec<&str>| n.into_iter().map(String::from).collect::<Vec<_>>();
+        let ours: Vec<String> = logical(&Disabled::all()).iter().map(|r| r.name().to_string()).collect();
+        let theirs = datafusion::optimizer::Optimizer::new().rules;
+        let theirs: Vec<&str> =
+            theirs.iter().map(|r| r.name()).filter(|n| *n != "eliminate_group_by_constant").collect();
+        assert_eq!(ours, names(theirs));
+        let ours: Vec<String> = physical(&Disabled::all()).iter().map(|r| r.name().to_string()).collect();
+        let theirs = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
+        assert_eq!(ours, names(theirs.iter().map(|r| r.name()).collect()));
     }
 }

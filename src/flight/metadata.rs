@@ -40,7 +40,13 @@ pub fn schemas(engine: &Engine, cmd: CommandGetDbSchemas) -> Result<RecordBatch>
             b.append(CATALOG, schema);
         }
     }
-    Ok(b.build()?)
+    b.build().map_err(bad_pattern)
+}
+
+/// The builders filter by the client's LIKE patterns when they build: what fails there is the
+/// client's pattern.
+fn bad_pattern(e: arrow_flight::error::FlightError) -> SkiffError {
+    SkiffError::BadRequest(format!("the filter pattern does not compile: {e}"))
 }
 
 pub fn table_types(cmd: CommandGetTableTypes) -> Result<RecordBatch> {
@@ -71,7 +77,7 @@ pub async fn tables(engine: &Engine, cmd: CommandGetTables) -> Result<RecordBatc
         probe.append(CATALOG, s, t, k, &Schema::empty())?;
     }
     let wanted: HashSet<(String, String)> = {
-        let batch = probe.build()?;
+        let batch = probe.build().map_err(bad_pattern)?;
         let s = batch.column(1).as_string::<i32>();
         let t = batch.column(2).as_string::<i32>();
         (0..batch.num_rows()).map(|i| (s.value(i).to_string(), t.value(i).to_string())).collect()

@@ -46,6 +46,7 @@ use crate::auth::Auth;
 use crate::engine::Described;
 use crate::error::SkiffError;
 use crate::http::AppState;
+use crate::listen::{Bounds, Connections, Watched};
 use crate::observe::{QueryLog, query_span};
 use handle::Statement;
 
@@ -55,6 +56,7 @@ type DoGetStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send 
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
+    bounds: Bounds,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let auth = state.auth.clone();
@@ -63,20 +65,67 @@ pub async fn serve(
     let svc = FlightServiceServer::with_interceptor(service, move |req: Request<()>| {
         presented_token(&auth, req.metadata()).map(|_| req)
     });
-    let incoming = tonic::transport::server::TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .with_keepalive(Some(KEEPALIVE));
+    let connections = Connections::new(bounds);
+    let incoming = futures::stream::unfold((connections, listener), |(c, l)| async move {
+        let conn = c.accept(&l).await;
+        Some((Ok::<_, std::io::Error>(Incoming(conn)), (c, l)))
+    });
+    // HTTP/2 pings keep long, quiet streams (a slow aggregation) alive through proxies, count
+    // as activity on a connection (which is closed after `bounds.idle` without any), and
+    // notice dead clients, whose queries are then dropped.
+    let ping = (bounds.idle / 3).max(Duration::from_millis(100));
     tonic::transport::Server::builder()
-        // HTTP/2 pings keep long, quiet streams (a slow aggregation) alive through proxies and
-        // notice dead clients, whose queries are then dropped.
-        .http2_keepalive_interval(Some(KEEPALIVE))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .http2_keepalive_interval(Some(ping))
+        .http2_keepalive_timeout(Some(ping))
         .add_service(svc)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }
 
-const KEEPALIVE: Duration = Duration::from_secs(30);
+/// An accepted Flight connection, for tonic.
+struct Incoming(Watched);
+
+impl tonic::transport::server::Connected for Incoming {
+    type ConnectInfo = Option<std::net::SocketAddr>;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.0.peer_addr().ok()
+    }
+}
+
+impl tokio::io::AsyncRead for Incoming {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Incoming {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
+}
 
 /// Basic credentials' base64, padded or not (Go's Flight client leaves the padding off).
 const BASIC: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
@@ -339,11 +388,22 @@ impl FlightSqlService for FlightSqlServer {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<DoPutPreparedStatementResult, Status> {
         let stmt = Statement::decode(&cmd.prepared_statement_handle)?;
+        // Parameters are a few values: their data may take what an HTTP body may, and the
+        // stream is cut as soon as it goes over, before anything is decoded.
+        let limit = self.state.max_body_bytes;
+        let mut received = 0usize;
         // `into_peekable` keeps the message the dispatcher peeked at: the parameters' schema.
-        let data = request.into_inner().into_peekable().map_err(FlightError::from).and_then(|fd| {
-            let checked = match arrow::ipc::root_as_message(&fd.data_header) {
-                Ok(m) => handle::check_message(&m, fd.data_body.len()).map_err(FlightError::protocol),
-                Err(_) => Ok(()), // the decoder names what is wrong
+        let data = request.into_inner().into_peekable().map_err(FlightError::from).and_then(move |fd| {
+            received += fd.data_header.len() + fd.data_body.len();
+            let checked = if received > limit {
+                Err(FlightError::Tonic(Box::new(Status::resource_exhausted(format!(
+                    "parameter data over {limit} bytes (--max-body-bytes)"
+                )))))
+            } else {
+                match arrow::ipc::root_as_message(&fd.data_header) {
+                    Ok(m) => handle::check_message(&m, fd.data_body.len()).map_err(FlightError::protocol),
+                    Err(_) => Ok(()), // the decoder names what is wrong
+                }
             };
             futures::future::ready(checked.map(|()| fd))
         });

@@ -3,6 +3,7 @@
 
 mod basin;
 pub mod query;
+pub mod serve;
 
 use std::sync::Arc;
 

@@ -324,9 +324,22 @@ impl Lake {
         }
     }
 
-    /// On a miss, re-lists one namespace so a table created moments ago is found.
+    /// On a miss, re-lists one namespace so a table created moments ago is found. Only names
+    /// the catalog itself listed are sent to it (iceberg-rust builds request paths from them
+    /// without encoding): a namespace the listing lacks is looked for in the catalog's own
+    /// list of namespaces first.
     async fn relist(&self, ns: &str) -> Result<(), SkiffError> {
-        let tables = self.list(&NamespaceIdent::new(ns.to_string())).await?;
+        let known = self.listing.read().expect("listing").contains_key(ns);
+        let ident = if known {
+            NamespaceIdent::new(ns.to_string())
+        } else {
+            let listed = self.catalog.list_namespaces(None).await.map_err(catalog_down)?;
+            match listed.into_iter().find(|n| ns_name(n) == ns) {
+                Some(n) => n,
+                None => return Ok(()),
+            }
+        };
+        let tables = self.list(&ident).await?;
         let mut listing = self.listing.write().expect("listing");
         if tables.is_empty() {
             listing.remove(ns);

@@ -163,7 +163,9 @@ impl QueryLog {
         record.truncated = Some(self.truncated);
         record.files_scanned = Some(stats.files_scanned());
         record.bytes_scanned = Some(stats.bytes_scanned());
-        record.error = error;
+        // An error's text may quote the query's literals, which other clients of
+        // `system.queries` must not read: only with `--log-sql`, as the SQL itself.
+        record.error = error.filter(|_| log_sql());
         queries::finish(r, record);
     }
 }
