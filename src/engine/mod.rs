@@ -37,7 +37,7 @@ use futures::TryStreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Result, SkiffError};
-use crate::lake::Lake;
+use crate::lake::{Lake, Names};
 use crate::observe::metrics::Gauges;
 use limits::{Admission, Bounded, CANCELLED_AT_SHUTDOWN};
 use results::{CacheUse, ResultCache};
@@ -49,6 +49,9 @@ pub const CATALOG: &str = "lake";
 
 pub struct Engine {
     ctx: SessionContext,
+    /// The same session with every table name resolved as one physical table (Basin SQL's
+    /// names, for the Basin route).
+    physical: SessionContext,
     lake: Arc<Lake>,
     limits: Limits,
     admission: Admission,
@@ -221,15 +224,23 @@ impl Engine {
             .with_query_planner(Arc::new(shared::Planner))
             .build();
         let mut ctx = SessionContext::new_with_state(state);
-        ctx.register_catalog(CATALOG, system::with_system_schema(lake.catalog_provider()));
+        ctx.register_catalog(CATALOG, system::with_system_schema(lake.catalog_provider(Names::Versioned)));
         json::register(&mut ctx)?;
         date_trunc::register(&mut ctx)?;
         coalesce::register(&mut ctx)?;
         ctx.register_udaf(functions::approx_top_k());
         ctx.register_udaf(count_distinct::count());
+        // Its own catalog list: registering in a list the two sessions shared would replace `lake`.
+        let physical = SessionContext::new_with_state(
+            SessionStateBuilder::new_from_existing(ctx.state())
+                .with_catalog_list(Arc::new(datafusion::catalog::MemoryCatalogProviderList::new()))
+                .build(),
+        );
+        physical.register_catalog(CATALOG, system::with_system_schema(lake.catalog_provider(Names::Physical)));
         let admission = Admission::new(limits.max_concurrent, limits.max_queued, limits.queue_timeout);
         Ok(Self {
             ctx,
+            physical,
             lake,
             limits,
             admission,
@@ -318,6 +329,11 @@ impl Engine {
 
     /// [`Engine::execute`] with values for the query's `$1`, `$2`, ... parameters.
     pub async fn execute_with(&self, sql: &str, params: Vec<ScalarValue>) -> Result<Query> {
+        self.execute_in(Names::Versioned, sql, params).await
+    }
+
+    /// [`Engine::execute_with`], with table names resolved as `names` says.
+    pub async fn execute_in(&self, names: Names, sql: &str, params: Vec<ScalarValue>) -> Result<Query> {
         self.check_text(sql)?;
         if self.is_draining() {
             return Err(SkiffError::ShuttingDown("no new queries are accepted; retry".into()));
@@ -326,7 +342,7 @@ impl Engine {
         let deadline = tokio::time::Instant::now() + self.limits.query_timeout;
         let permit = self.admission.admit(deadline, &self.shutdown).await?;
         let started = tokio::select! {
-            started = tokio::time::timeout_at(deadline, self.start(sql, params)) => {
+            started = tokio::time::timeout_at(deadline, self.start(names, sql, params)) => {
                 started.map_err(|_| SkiffError::Timeout)??
             }
             _ = self.shutdown.cancelled() => {
@@ -368,8 +384,12 @@ impl Engine {
 
     /// Plans a query and returns its stream. Nothing executes until the stream is first
     /// polled, so a front end can still answer "not modified" from the fingerprint alone.
-    async fn start(&self, sql: &str, params: Vec<ScalarValue>) -> Result<Query> {
-        let mut state = self.ctx.state();
+    async fn start(&self, names: Names, sql: &str, params: Vec<ScalarValue>) -> Result<Query> {
+        let session = match names {
+            Names::Versioned => &self.ctx,
+            Names::Physical => &self.physical,
+        };
+        let mut state = session.state();
         let stats = Arc::new(QueryStats::default());
         state.config_mut().set_extension(stats.clone());
         let mut plan = self.plan(&state, sql).await?;
