@@ -228,14 +228,6 @@ impl ServeConfig {
 
     /// Checks what clap cannot: values that parse but cannot work together.
     pub fn validate(&self) -> Result<PinnedVersions, String> {
-        if self.demo && self.catalog_uri.is_some() {
-            return Err("--demo serves the demo lake: it does not go with --catalog-uri".into());
-        }
-        if !self.demo && self.catalog_uri.is_none() {
-            return Err("no catalog configured: set --catalog-uri (SKIFF_CATALOG_URI), or pass --demo to serve \
-                 a demo lake in ./lake"
-                .into());
-        }
         if self.admin_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
             return Err("--admin-token is empty".into());
         }
@@ -272,6 +264,15 @@ impl ServeConfig {
         }
         if self.refresh_interval < Duration::from_secs(1) {
             return Err("--refresh-interval must be at least 1s".into());
+        }
+        // Last, so a bad value of another flag is reported as such even without a catalog.
+        if self.demo && self.catalog_uri.is_some() {
+            return Err("--demo serves the demo lake: it does not go with --catalog-uri".into());
+        }
+        if !self.demo && self.catalog_uri.is_none() {
+            return Err("no catalog configured: set --catalog-uri (SKIFF_CATALOG_URI), or pass --demo to serve \
+                 a demo lake in ./lake"
+                .into());
         }
         PinnedVersions::parse(self.lake_versions.as_deref().unwrap_or(""))
             .map_err(|e| format!("LAKE_VERSIONS: {e}"))
