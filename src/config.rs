@@ -214,6 +214,14 @@ pub struct ServeConfig {
 }
 
 impl ServeConfig {
+    /// An empty catalog URI or warehouse (a var left blank) is none at all.
+    pub fn normalize(&mut self) {
+        for v in [&mut self.catalog_uri, &mut self.warehouse] {
+            if v.as_deref().is_some_and(|s| s.trim().is_empty()) {
+                *v = None;
+            }
+        }
+    }
     /// The client tokens, from `--api-token`/`API_TOKEN`, else `SKIFF_API_TOKEN`.
     pub fn api_tokens(&self) -> Vec<String> {
         let raw =
@@ -270,9 +278,11 @@ impl ServeConfig {
             return Err("--demo serves the demo lake: it does not go with --catalog-uri".into());
         }
         if !self.demo && self.catalog_uri.is_none() {
-            return Err("no catalog configured: set --catalog-uri (SKIFF_CATALOG_URI), or pass --demo to serve \
+            return Err(
+                "no catalog configured: set --catalog-uri (SKIFF_CATALOG_URI), or pass --demo to serve \
                  a demo lake in ./lake"
-                .into());
+                    .into(),
+            );
         }
         PinnedVersions::parse(self.lake_versions.as_deref().unwrap_or(""))
             .map_err(|e| format!("LAKE_VERSIONS: {e}"))

@@ -30,11 +30,11 @@ fn main() -> ExitCode {
     // and the demo lake when they name no catalog: the one way the demo is implied.
     let args: Vec<String> = std::env::args().collect();
     let mut cli = if args.len() == 1 { Cli::parse_from(["skiff", "serve"]) } else { Cli::parse() };
-    if args.len() == 1
-        && let Some(Command::Serve(cfg)) = cli.command.as_mut()
-        && cfg.catalog_uri.is_none()
-    {
-        cfg.demo = true;
+    if let Some(Command::Serve(cfg)) = cli.command.as_mut() {
+        cfg.normalize();
+        if args.len() == 1 && cfg.catalog_uri.is_none() {
+            cfg.demo = true;
+        }
     }
     let json_logs = matches!(&cli.command, Some(Command::Serve(cfg)) if cfg.log_format == "json");
     init_tracing(json_logs);
@@ -122,7 +122,8 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
             .into_future(),
     );
     tracing::info!(http = %format!("http://{addr}"), "listening; connecting to the catalog");
-    let Some((conn, lake)) = connect_until_ready(&cfg, &pinned, &catalog_token, &startup, &mut signals).await?
+    let Some((conn, lake)) =
+        connect_until_ready(&cfg, &pinned, &catalog_token, &startup, &mut signals).await?
     else {
         tracing::info!("stopped before start-up finished");
         stop_listening.cancel();
@@ -218,13 +219,17 @@ async fn connect_until_ready(
     let deadline = cfg.catalog_wait.0.map(|w| tokio::time::Instant::now() + w);
     let mut delay = Duration::from_secs(1);
     for attempt in 1u32.. {
+        let token_generation = catalog_token.get().0;
         let connected = async {
             let conn = catalog::connect(cfg, catalog_token).await?;
             let dir =
                 cfg.data_cache_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("skiff-data-cache"));
-            let data =
-                lake::data_cache::DataCache::new(cfg.data_cache_memory as u64, cfg.data_cache_disk as u64, &dir)
-                    .map_err(|e| StartError::Msg(format!("--data-cache-dir {}: {e}", dir.display())))?;
+            let data = lake::data_cache::DataCache::new(
+                cfg.data_cache_memory as u64,
+                cfg.data_cache_disk as u64,
+                &dir,
+            )
+            .map_err(|e| StartError::Msg(format!("--data-cache-dir {}: {e}", dir.display())))?;
             let lake = lake::Lake::new(
                 conn.catalog.clone(),
                 conn.pointers.clone(),
@@ -247,6 +252,10 @@ async fn connect_until_ready(
         let cause = error.to_string();
         tracing::warn!(attempt, error = %cause, retry_in = ?delay, "the catalog is not reached yet; answering 503 starting meanwhile");
         startup.failed(cause);
+        // A token that arrived during this attempt is tried at once.
+        if catalog_token.get().0 != token_generation {
+            continue;
+        }
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = catalog_token.changed() => tracing::info!("a new catalog token: trying again now"),

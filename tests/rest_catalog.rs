@@ -350,7 +350,8 @@ fn a_rotated_catalog_token_takes_effect_without_a_restart() {
         .into_iter()
         .map(|a| if a == CATALOG_TOKEN { rotated.to_string() } else { a })
         .collect();
-    lake.catalog = FixtureServer::start("rest_catalog.py", &args.iter().map(String::as_str).collect::<Vec<_>>());
+    lake.catalog =
+        FixtureServer::start("rest_catalog.py", &args.iter().map(String::as_str).collect::<Vec<_>>());
     let (status, v) = s.query(sql);
     assert_eq!(status, 503, "the old token is refused: {v}");
     assert!(v["error"]["message"].as_str().unwrap().contains("catalog"), "{v}");
@@ -379,7 +380,7 @@ fn a_rotated_catalog_token_takes_effect_without_a_restart() {
         let v: serde_json::Value = client().get(format!("{}/_health", s2.base)).send().ok()?.json().ok()?;
         v["cause"].as_str().map(String::from)
     });
-    assert!(cause.contains("401") || cause.to_lowercase().contains("not authorized") || cause.contains("bearer"), "{cause}");
+    assert!(cause.contains("refused the credentials (401"), "{cause}");
     assert!(!cause.contains(CATALOG_TOKEN));
     let (status, v) = s2.query(sql);
     assert_eq!((status, v["error"]["code"].clone()), (503, serde_json::json!("starting")), "{v}");

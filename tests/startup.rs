@@ -115,7 +115,11 @@ fn catalog_wait_bounds_the_wait() {
         .unwrap();
     assert!(!out.status.success());
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("nope.db"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nope.db"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -127,8 +131,12 @@ fn json_logs() {
     let s = Server::start(opts);
     s.rows("SELECT 1 AS one");
     let log = s.log_text();
-    let lines: Vec<Value> = log.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
-    assert!(lines.iter().any(|l| l["fields"]["message"].as_str().is_some_and(|m| m.contains("ready"))), "{log}");
+    let lines: Vec<Value> =
+        log.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
+    assert!(
+        lines.iter().any(|l| l["fields"]["message"].as_str().is_some_and(|m| m.contains("ready"))),
+        "{log}"
+    );
 }
 
 #[test]
@@ -165,7 +173,10 @@ fn the_admin_route_replaces_client_tokens_without_a_restart() {
     assert_eq!(admin("POST", "wrong", Some(json!({"api_token": "x"}))).0, 401);
     assert_eq!(query(ADMIN), 401);
     let (status, held) = admin("GET", ADMIN, None);
-    assert_eq!((status, held["api_tokens"].clone(), held["catalog_token_sha256"].clone()), (200, json!(1), Value::Null));
+    assert_eq!(
+        (status, held["api_tokens"].clone(), held["catalog_token_sha256"].clone()),
+        (200, json!(1), Value::Null)
+    );
     // Rotation: new and next accepted, the old one refused, on every route; same process.
     let (status, held) = admin("POST", ADMIN, Some(json!({"api_token": "new-1, next-2"})));
     assert_eq!((status, held["api_tokens"].clone()), (200, json!(2)), "{held}");

@@ -17,9 +17,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use iceberg::table::Table;
-use iceberg::{
-    Catalog, CatalogBuilder, Namespace, NamespaceIdent, TableCommit, TableCreation, TableIdent,
-};
+use iceberg::{Catalog, CatalogBuilder, Namespace, NamespaceIdent, TableCommit, TableCreation, TableIdent};
 use iceberg_catalog_rest::{
     REST_CATALOG_PROP_URI, REST_CATALOG_PROP_WAREHOUSE, RestCatalog, RestCatalogBuilder,
 };

@@ -16,6 +16,7 @@ mod shared;
 pub mod stats;
 mod string_eq;
 mod system;
+mod unions;
 mod window;
 
 use std::sync::Arc;
@@ -214,7 +215,7 @@ impl Engine {
         rules.push(Arc::new(crate::lake::FoldPerFile));
         // After every rule that looks for joins: it wraps them so a cancel takes effect.
         rules.push(Arc::new(limits::YieldingJoins));
-        let mut logical_rules = count_distinct::keep_distinct_strings(state.optimizers());
+        let mut logical_rules = unions::guard(count_distinct::keep_distinct_strings(state.optimizers()));
         // Before the last rule (DataFusion's projection pruning), after filters are pushed down.
         logical_rules.insert(logical_rules.len().saturating_sub(1), Arc::new(group_keys::GroupKeysAtScan));
         let state = SessionStateBuilder::new_from_existing(state)
@@ -236,7 +237,8 @@ impl Engine {
                 .with_catalog_list(Arc::new(datafusion::catalog::MemoryCatalogProviderList::new()))
                 .build(),
         );
-        physical.register_catalog(CATALOG, system::with_system_schema(lake.catalog_provider(Names::Physical)));
+        physical
+            .register_catalog(CATALOG, system::with_system_schema(lake.catalog_provider(Names::Physical)));
         let admission = Admission::new(limits.max_concurrent, limits.max_queued, limits.queue_timeout);
         Ok(Self {
             ctx,

@@ -72,7 +72,9 @@ fn expand_versions(headers: &HeaderMap) -> Result<bool, SkiffError> {
     match v.to_str().unwrap_or("").trim().to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" => Ok(true),
         "false" | "0" | "no" => Ok(false),
-        other => Err(SkiffError::BadRequest(format!("{EXPAND_VERSIONS} must be true or false (got {other:?})"))),
+        other => {
+            Err(SkiffError::BadRequest(format!("{EXPAND_VERSIONS} must be true or false (got {other:?})")))
+        }
     }
 }
 

@@ -109,8 +109,9 @@ const ADMIN_PATH: &str = "/_admin/credentials";
 pub fn front(startup: Arc<Startup>, admin: Option<Arc<Admin>>) -> Router {
     let mut front = Router::new().fallback(dispatch).with_state(startup);
     if let Some(admin) = admin {
-        front = front
-            .merge(Router::new().route(ADMIN_PATH, post(set_credentials).get(show_credentials)).with_state(admin));
+        front = front.merge(
+            Router::new().route(ADMIN_PATH, post(set_credentials).get(show_credentials)).with_state(admin),
+        );
     }
     front
 }

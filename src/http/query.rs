@@ -98,7 +98,10 @@ pub async fn begin(
     let body = read_body(headers, body, state.max_body_bytes).await?;
     log.set_sql(&body.query);
     let started = Instant::now();
-    let query = state.engine.execute_in(names, &body.query, Vec::new()).await?;
+    let query = match names {
+        Names::Versioned => state.engine.execute(&body.query).await?,
+        Names::Physical => state.engine.execute_in(names, &body.query, Vec::new()).await?,
+    };
     log.set_stats(query.stats.clone());
     let etag = query.fingerprint.as_deref().map(etag);
     if let Some(etag) = &etag

@@ -192,7 +192,11 @@ impl Lake {
     }
 
     /// One physical table, as Basin SQL resolves a name.
-    async fn resolve_physical(&self, ns: &str, name: &str) -> Result<Option<Arc<dyn TableProvider>>, SkiffError> {
+    async fn resolve_physical(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<Arc<dyn TableProvider>>, SkiffError> {
         if !self.exists(ns, name) {
             return Ok(None);
         }
@@ -343,8 +347,20 @@ fn ns_name(ns: &NamespaceIdent) -> String {
     ns.as_ref().join(".")
 }
 
+/// A failed listing as the catalog's outage, saying which status it answered (the text around it
+/// is not repeated: it holds the response's headers), and in plain words when it refused the
+/// credentials.
 fn catalog_down(e: iceberg::Error) -> SkiffError {
-    SkiffError::Unavailable { dependency: "catalog", message: e.message().to_string() }
+    let full = e.to_string();
+    let status = full.split("status: ").nth(1).and_then(|r| r.split([',', '}']).next()).map(str::trim);
+    let message = match status {
+        Some(s) if s.starts_with("401") || s.starts_with("403") => format!(
+            "the catalog refused the credentials ({s}): check the catalog token (CF_API_TOKEN or --catalog-token)"
+        ),
+        Some(s) => format!("{} ({s})", e.message()),
+        None => e.message().to_string(),
+    };
+    SkiffError::Unavailable { dependency: "catalog", message }
 }
 
 pub(crate) fn to_df(e: SkiffError) -> DataFusionError {
