@@ -197,7 +197,8 @@ export class SkiffContainer extends Container<Env> {
     for (;;) {
       const res = await this.containerFetch(new Request("http://skiff/_health"), SKIFF_PORT);
       if (res.status === 200) {
-        await res.body?.cancel();
+        // Read, not cancelled: the library pipes the body, and a cancel would reject its pipe.
+        await res.arrayBuffer();
         this.ready = true;
         return null;
       }

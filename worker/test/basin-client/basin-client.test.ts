@@ -306,6 +306,8 @@ describe("Basin client against a real skiff", () => {
     expect(v1!.n + v2!.n).toBe(all!.n);
     expect(v1!.n).toBeGreaterThan(0);
     expect(v2!.n).toBeGreaterThan(0);
+    const columns = (await basin().query<{ column_name: string }>("DESCRIBE glass.events")).map((c) => c.column_name);
+    expect(columns).not.toContain("revenue");
   });
 
   for (const q of QUERIES) {

@@ -3,7 +3,7 @@
 // caller's view of a catalog that fails, token rotation (clients' and the catalog's) without a
 // restart, deep health and the stop hook.
 import { env, runInDurableObject } from "cloudflare:test";
-import { describe, expect, it } from "vitest";
+import { afterAll, describe, expect, it } from "vitest";
 import worker from "../../src/index";
 import type { Env } from "../../src/index";
 import { SKIFF_PORT, type SkiffContainer } from "../../src/container";
@@ -55,6 +55,14 @@ async function eventually<T>(what: string, f: () => Promise<T | undefined>, ms =
 }
 
 describe("SkiffContainer over a real skiff", () => {
+  // Every process the tests started ends with them (SIGKILL, as the runtime's destroy does).
+  afterAll(async () => {
+    for (const name of ["skiff", "skiff-1"]) {
+      if ((await info(name)).running) {
+        await runInDurableObject(e.SKIFF_CT.getByName(name), (instance: SkiffContainer) => instance.destroy());
+      }
+    }
+  });
   it("needs the environment it runs in", () => {
     if (!e.SKIFF_E2E_LAKE || !TOKEN) throw new Error("set SKIFF_E2E_LAKE, SKIFF_BIN and SKIFF_TEST_TOKEN (scripts/test does)");
   });
@@ -176,7 +184,6 @@ describe("SkiffContainer over a real skiff", () => {
     expect(env.success).toBe(false);
     expect(env.errors[0]!.code).toBe(80001);
     expect(env.errors[0]!.message).toContain("missing/catalog.db");
-    await runInDurableObject(stub, (instance: SkiffContainer) => instance.destroy());
   });
 });
 

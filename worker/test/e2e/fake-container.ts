@@ -81,14 +81,9 @@ export interface LauncherEnv {
 export class TestSkiffContainer extends SkiffContainer {
   constructor(ctx: DurableObjectState<{}>, env: Env & LauncherEnv) {
     const container = new LauncherContainer(env.LAUNCHER, ctx.id.toString());
-    // The real state, with a `container` that starts skiff through the launcher.
-    const withContainer = new Proxy(ctx, {
-      get(target, prop) {
-        if (prop === "container") return container;
-        const v = Reflect.get(target, prop, target);
-        return typeof v === "function" ? v.bind(target) : v;
-      },
-    });
-    super(withContainer, env);
+    // The real state (the Durable Object base class takes nothing else), with its `container`
+    // (undefined here: no container runtime) shadowed by one that starts skiff through the launcher.
+    Object.defineProperty(ctx, "container", { value: container, configurable: true });
+    super(ctx, env);
   }
 }

@@ -70,6 +70,8 @@ export async function launcher(request: Request): Promise<Response> {
         partial = lines.pop() ?? "";
         proc.log.push(...lines);
       });
+      // The test run does not wait for these processes (the tests stop them; exit kills the rest).
+      child.unref();
       procs.set(id, proc);
       starts.set(id, (starts.get(id) ?? 0) + 1);
       return Response.json({ port });
