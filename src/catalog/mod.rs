@@ -32,7 +32,7 @@ pub struct Connection {
 /// query can reuse the table loaded before while the pointer has not moved.
 pub enum TablePointers {
     Sql(sql::SqlPointers),
-    Rest(rest::RestPointers),
+    Rest(Box<rest::RestPointers>),
 }
 
 /// Why a pointer could not be read: the catalog's failure, reported as its outage.

@@ -53,7 +53,7 @@ pub async fn connect(
             Some(w) => format!("{} (warehouse {w})", describe(uri)),
             None => describe(uri),
         },
-        pointers: Arc::new(TablePointers::Rest(pointers)),
+        pointers: Arc::new(TablePointers::Rest(Box::new(pointers))),
     })
 }
 
