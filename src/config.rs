@@ -44,14 +44,27 @@ pub struct DemoArgs {
     pub events: u64,
 }
 
-/// Everything `skiff serve` can be told. Defaults serve the embedded demo lake on localhost.
+/// Everything `skiff serve` can be told. A catalog is required, unless the demo lake is asked
+/// for (`--demo`, or `skiff` with no arguments at all).
 #[derive(Debug, Clone, Args)]
 pub struct ServeConfig {
     /// Iceberg catalog: `sqlite:///abs/catalog.db`, `sqlite://rel/catalog.db`, `postgres://…`,
-    /// or `http(s)://…` for an Iceberg REST catalog such as Basin Catalog.
-    /// Unset: `./lake/catalog.db`, written with a demo lake first if missing.
+    /// or `http(s)://…` for an Iceberg REST catalog such as Basin Catalog. Required unless
+    /// `--demo`.
     #[arg(long, env = "SKIFF_CATALOG_URI", hide_env_values = true)]
     pub catalog_uri: Option<String>,
+
+    /// Serve the demo lake in `./lake` (written first if missing) instead of a catalog. Never
+    /// implied by a missing catalog, so a deployment whose catalog setting went missing fails
+    /// at start instead of answering over synthetic data.
+    #[arg(long, env = "SKIFF_DEMO", default_value_t = false)]
+    pub demo: bool,
+
+    /// How long skiff keeps trying to reach the catalog at start (`30s`, `5m`, or `forever`).
+    /// It listens meanwhile, answering 503 `starting` with the last attempt's error; past this
+    /// it exits with that error. `0s`: exit at the first failure.
+    #[arg(long, env = "SKIFF_CATALOG_WAIT", default_value = "forever", value_parser = parse_wait)]
+    pub catalog_wait: Wait,
 
     /// Warehouse: `file:///…`, a plain path, `s3://bucket/prefix`, or a REST warehouse name
     /// (Basin Catalog: `<ACCOUNT_ID>_<BUCKET>`). Unset with no catalog: `./lake/warehouse`.
@@ -80,6 +93,11 @@ pub struct ServeConfig {
     /// Unset: no auth (a warning is logged).
     #[arg(long, env = "API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
+
+    /// Token of the admin route (`POST /_admin/credentials`), which replaces the client tokens
+    /// and the catalog token while skiff runs. Unset: no admin route.
+    #[arg(long, env = "SKIFF_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
 
     /// Pinned table versions, as the Worker lists them: `events=1,2;identities=1`.
     /// Unset: versions are discovered from the catalog.
@@ -234,6 +252,10 @@ pub struct ServeConfig {
     #[arg(long, env = "SKIFF_LOG_SQL", default_value_t = false)]
     pub log_sql: bool,
 
+    /// Log lines as `text` (for a terminal) or `json` (one object per line, for log services).
+    #[arg(long, env = "SKIFF_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+
     /// Serve `GET /metrics` without a token (for a scraper on a private network).
     #[arg(long, env = "SKIFF_METRICS_PUBLIC", default_value_t = false)]
     pub metrics_public: bool,
@@ -249,6 +271,14 @@ pub struct ServeConfig {
 }
 
 impl ServeConfig {
+    /// An empty catalog URI or warehouse (a var left blank) is none at all.
+    pub fn normalize(&mut self) {
+        for v in [&mut self.catalog_uri, &mut self.warehouse] {
+            if v.as_deref().is_some_and(|s| s.trim().is_empty()) {
+                *v = None;
+            }
+        }
+    }
     /// The client tokens, from `--api-token`/`API_TOKEN`, else `SKIFF_API_TOKEN`.
     pub fn api_tokens(&self) -> Vec<String> {
         let raw =
@@ -263,6 +293,9 @@ impl ServeConfig {
 
     /// Checks what clap cannot: values that parse but cannot work together.
     pub fn validate(&self) -> Result<PinnedVersions, String> {
+        if self.admin_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            return Err("--admin-token is empty".into());
+        }
         if let Some(uri) = &self.catalog_uri {
             let ok = ["sqlite:", "postgres://", "postgresql://", "http://", "https://"]
                 .iter()
@@ -301,6 +334,17 @@ impl ServeConfig {
             return Err("--refresh-interval must be at least 1s".into());
         }
         self.disabled_rules()?;
+        // Last, so a bad value of another flag is reported as such even without a catalog.
+        if self.demo && self.catalog_uri.is_some() {
+            return Err("--demo serves the demo lake: it does not go with --catalog-uri".into());
+        }
+        if !self.demo && self.catalog_uri.is_none() {
+            return Err(
+                "no catalog configured: set --catalog-uri (SKIFF_CATALOG_URI), or pass --demo to serve \
+                 a demo lake in ./lake"
+                    .into(),
+            );
+        }
         PinnedVersions::parse(self.lake_versions.as_deref().unwrap_or(""))
             .map_err(|e| format!("LAKE_VERSIONS: {e}"))
     }
@@ -308,6 +352,17 @@ impl ServeConfig {
     /// The rules `--disable-rules` turns off.
     pub fn disabled_rules(&self) -> Result<Disabled, String> {
         Disabled::parse(&self.disable_rules).map_err(|e| format!("--disable-rules: {e}"))
+    }
+}
+
+/// A time limit, or none.
+#[derive(Debug, Clone, Copy)]
+pub struct Wait(pub Option<Duration>);
+
+pub fn parse_wait(s: &str) -> Result<Wait, String> {
+    match s.trim() {
+        "forever" | "none" => Ok(Wait(None)),
+        d => parse_duration(d).map(|d| Wait(Some(d))),
     }
 }
 
@@ -417,6 +472,14 @@ mod tests {
         assert_eq!(parse_key_value(" a.b = 1 ").unwrap(), ("a.b".into(), "1".into()));
         assert!(parse_key_value("=1").is_err() && parse_key_value("a.b").is_err());
         assert!(parse_bytes("3 parsecs").is_err());
+    }
+
+    #[test]
+    fn waits() {
+        assert!(parse_wait("forever").unwrap().0.is_none());
+        assert_eq!(parse_wait("0s").unwrap().0, Some(Duration::ZERO));
+        assert_eq!(parse_wait("2m").unwrap().0, Some(Duration::from_secs(120)));
+        assert!(parse_wait("later").is_err());
     }
 
     #[test]

@@ -42,6 +42,10 @@ pub enum SkiffError {
     /// period is cancelled. Retryable: another instance (or this one, restarted) will answer.
     #[error("skiff is shutting down: {0}")]
     ShuttingDown(String),
+    /// Listening, but not yet connected to the catalog; the message says what the last attempt
+    /// met (an unreachable catalog, refused credentials). Retryable.
+    #[error("skiff is starting: {0}")]
+    Starting(String),
     #[error("{0}")]
     ResultTooLarge(String),
     /// A data or metadata file that cannot be read as what it should be (corrupt, truncated).
@@ -84,7 +88,9 @@ impl SkiffError {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::TableNotFound(_) | Self::RouteNotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            Self::Unavailable { .. } | Self::ShuttingDown(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unavailable { .. } | Self::ShuttingDown(_) | Self::Starting(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::ResourcesExhausted(_) => StatusCode::INSUFFICIENT_STORAGE,
             Self::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::Timeout => StatusCode::GATEWAY_TIMEOUT,
@@ -117,7 +123,7 @@ impl SkiffError {
             Self::Unauthorized => Code::Unauthenticated,
             Self::ReadOnly(_) => Code::PermissionDenied,
             Self::Timeout | Self::Stalled(_) => Code::DeadlineExceeded,
-            Self::Unavailable { .. } | Self::ShuttingDown(_) => Code::Unavailable,
+            Self::Unavailable { .. } | Self::ShuttingDown(_) | Self::Starting(_) => Code::Unavailable,
             Self::Overloaded(_)
             | Self::ResourcesExhausted(_)
             | Self::ResultTooLarge(_)
@@ -130,7 +136,9 @@ impl SkiffError {
     /// Seconds a client should wait before retrying, for errors worth retrying.
     pub fn retry_after(&self) -> Option<&'static str> {
         match self {
-            Self::Unavailable { .. } | Self::Overloaded(_) | Self::ShuttingDown(_) => Some("1"),
+            Self::Unavailable { .. } | Self::Overloaded(_) | Self::ShuttingDown(_) | Self::Starting(_) => {
+                Some("1")
+            }
             _ => None,
         }
     }
@@ -154,6 +162,7 @@ impl SkiffError {
             Self::Timeout => "timeout",
             Self::Stalled(_) => "client_stalled",
             Self::ShuttingDown(_) => "shutting_down",
+            Self::Starting(_) => "starting",
             Self::ResultTooLarge(_) => "result_too_large",
             Self::DataError(_) => "data_error",
             Self::Internal(_) => "internal",
@@ -167,7 +176,7 @@ impl SkiffError {
             Self::SqlSyntax(_) => 40003,
             Self::TableNotFound(_) => 40010,
             Self::Unauthorized => 10000,
-            Self::Unavailable { .. } | Self::ShuttingDown(_) => 80001,
+            Self::Unavailable { .. } | Self::ShuttingDown(_) | Self::Starting(_) => 80001,
             Self::Internal(_) => 10001,
             Self::Overloaded(_) => 42900,
             Self::Timeout | Self::Stalled(_) => 40008,

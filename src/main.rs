@@ -27,10 +27,18 @@ use crate::config::{Cli, Command, ServeConfig};
 use crate::error::{StartError, StartResult};
 
 fn main() -> ExitCode {
-    // A bare `skiff` serves with defaults and the environment.
+    // A bare `skiff` (what `cargo run --release` runs) serves with the environment's settings,
+    // and the demo lake when they name no catalog: the one way the demo is implied.
     let args: Vec<String> = std::env::args().collect();
-    let cli = if args.len() == 1 { Cli::parse_from(["skiff", "serve"]) } else { Cli::parse() };
-    init_tracing();
+    let mut cli = if args.len() == 1 { Cli::parse_from(["skiff", "serve"]) } else { Cli::parse() };
+    if let Some(Command::Serve(cfg)) = cli.command.as_mut() {
+        cfg.normalize();
+        if args.len() == 1 && cfg.catalog_uri.is_none() {
+            cfg.demo = true;
+        }
+    }
+    let json_logs = matches!(&cli.command, Some(Command::Serve(cfg)) if cfg.log_format == "json");
+    init_tracing(json_logs);
     observe::panics::install();
     // Planning recurses over the query's tree: 8 MiB (tokio's default is 2) leaves room for
     // the deepest query `engine::sql_bounds::MAX_NESTING` lets through.
@@ -63,19 +71,22 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            if json_logs {
+                tracing::error!(error = %e, "skiff could not start");
+            }
             eprintln!("skiff: {e}");
             ExitCode::FAILURE
         }
     }
 }
 
-/// Logs go to stderr; `RUST_LOG` filters them, `SKIFF_LOG_FORMAT=json` makes them JSON.
-fn init_tracing() {
+/// Logs go to stderr; `RUST_LOG` filters them; `--log-format json` makes them JSON lines.
+fn init_tracing(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder =
         tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    if std::env::var("SKIFF_LOG_FORMAT").is_ok_and(|f| f == "json") {
+    if json {
         builder.json().init();
     } else {
         builder.init();
@@ -88,27 +99,47 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
     // is a clean stop, not a kill.
     let mut signals = Signals::new()?;
     observe::init(cfg.log_sql, cfg.query_history);
-    let connected = async {
-        let conn = catalog::connect(&cfg).await?;
-        let dir = cfg.data_cache_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("skiff-data-cache"));
-        let data =
-            lake::data_cache::DataCache::new(cfg.data_cache_memory as u64, cfg.data_cache_disk as u64, &dir)
-                .map_err(|e| StartError::Msg(format!("--data-cache-dir {}: {e}", dir.display())))?;
-        let lake = lake::Lake::new(
-            conn.catalog.clone(),
-            conn.pointers.clone(),
-            pinned,
-            lake::cache::Caches::new(data),
-        )
-        .await?;
-        StartResult::Ok((conn, lake))
+    let auth = auth::Auth::new(cfg.api_tokens());
+    let catalog_token = catalog::CatalogToken::new(cfg.catalog_token());
+    // Both listeners first: skiff answers at once (503 `starting` until the catalog is reached),
+    // and a port already taken stops it before anything else.
+    let listener = tokio::net::TcpListener::bind(cfg.http_addr)
+        .await
+        .map_err(|e| StartError::Msg(format!("cannot listen on {}: {e}", cfg.http_addr)))?;
+    let addr = listener.local_addr()?;
+    let flight_listener = match cfg.flight_addr.0 {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .map_err(|e| StartError::Msg(format!("cannot listen on {a} (--flight-addr): {e}")))?,
+        ),
+        None => None,
     };
-    let (conn, lake) = tokio::select! {
-        c = connected => c?,
-        _ = signals.next() => {
-            tracing::info!("stopped before start-up finished");
-            return Ok(());
-        }
+    let startup = Arc::new(http::Startup::default());
+    let admin = cfg.admin_token.clone().map(|t| {
+        Arc::new(http::Admin {
+            auth: auth::Auth::new(vec![t]),
+            api: auth.clone(),
+            catalog_token: catalog_token.clone(),
+        })
+    });
+    let bounds = listen::Bounds { max: connection_cap(cfg.max_connections), idle: cfg.idle_timeout };
+    let stop_listening = tokio_util::sync::CancellationToken::new();
+    let mut server = tokio::spawn(http::serve::serve(
+        listener,
+        http::front(startup.clone(), admin),
+        bounds,
+        cfg.header_timeout,
+        stop_listening.clone().cancelled_owned(),
+    ));
+    tracing::info!(http = %format!("http://{addr}"), "listening; connecting to the catalog");
+    let Some((conn, lake)) =
+        connect_until_ready(&cfg, &pinned, &catalog_token, &startup, &mut signals).await?
+    else {
+        tracing::info!("stopped before start-up finished");
+        stop_listening.cancel();
+        let _ = tokio::time::timeout(WIND_DOWN, &mut server).await;
+        return Ok(());
     };
     lake.spawn_refresh(cfg.refresh_interval);
     if cfg.warm_on_start {
@@ -142,19 +173,6 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
             disabled: cfg.disabled_rules().map_err(StartError::Msg)?,
         },
     )?;
-    let auth = auth::Auth::new(cfg.api_tokens());
-    let listener = tokio::net::TcpListener::bind(cfg.http_addr)
-        .await
-        .map_err(|e| StartError::Msg(format!("cannot listen on {}: {e}", cfg.http_addr)))?;
-    let addr = listener.local_addr()?;
-    let flight_listener = match cfg.flight_addr.0 {
-        Some(a) => Some(
-            tokio::net::TcpListener::bind(a)
-                .await
-                .map_err(|e| StartError::Msg(format!("cannot listen on {a} (--flight-addr): {e}")))?,
-        ),
-        None => None,
-    };
     let flight_addr = flight_listener.as_ref().map(|l| l.local_addr()).transpose()?;
     tracing::info!(
         catalog = conn.kind,
@@ -178,15 +196,7 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
         max_result_bytes: cfg.max_result_bytes as u64,
         metrics_public: cfg.metrics_public,
     });
-    let bounds = listen::Bounds { max: connection_cap(cfg.max_connections), idle: cfg.idle_timeout };
-    let stop_listening = tokio_util::sync::CancellationToken::new();
-    let mut server = tokio::spawn(http::serve::serve(
-        listener,
-        http::router(state.clone()),
-        bounds,
-        cfg.header_timeout,
-        stop_listening.clone().cancelled_owned(),
-    ));
+    startup.ready(http::router(state.clone()));
     // Flight follows the same shutdown: refused new queries while draining, closed with HTTP.
     let flight = flight_listener.map(|l| {
         let (state, stop) = (state.clone(), stop_listening.clone());
@@ -217,6 +227,67 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
         Err(_) => tracing::warn!("connections still open after {WIND_DOWN:?}; closing them"),
     }
     Ok(())
+}
+
+/// Connects to the catalog and lists the lake, again and again (backing off from 1 s to 30 s,
+/// or at once when the admin route brings a new catalog token) until it works, `--catalog-wait`
+/// has passed (then the last error), or a signal comes (then `None`). Meanwhile `startup`
+/// holds the last error, which every request is answered with.
+async fn connect_until_ready(
+    cfg: &ServeConfig,
+    pinned: &lake::versions::PinnedVersions,
+    catalog_token: &Arc<catalog::CatalogToken>,
+    startup: &http::Startup,
+    signals: &mut Signals,
+) -> StartResult<Option<(catalog::Connection, Arc<lake::Lake>)>> {
+    let deadline = cfg.catalog_wait.0.map(|w| tokio::time::Instant::now() + w);
+    let mut delay = Duration::from_secs(1);
+    for attempt in 1u32.. {
+        let token_generation = catalog_token.get().0;
+        let connected = async {
+            let conn = catalog::connect(cfg, catalog_token).await?;
+            let dir =
+                cfg.data_cache_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("skiff-data-cache"));
+            let data = lake::data_cache::DataCache::new(
+                cfg.data_cache_memory as u64,
+                cfg.data_cache_disk as u64,
+                &dir,
+            )
+            .map_err(|e| StartError::Msg(format!("--data-cache-dir {}: {e}", dir.display())))?;
+            let lake = lake::Lake::new(
+                conn.catalog.clone(),
+                conn.pointers.clone(),
+                pinned.clone(),
+                lake::cache::Caches::new(data),
+            )
+            .await?;
+            StartResult::Ok((conn, lake))
+        };
+        let error = tokio::select! {
+            c = connected => match c {
+                Ok(ready) => return Ok(Some(ready)),
+                Err(e) => e,
+            },
+            _ = signals.next() => return Ok(None),
+        };
+        if deadline.is_some_and(|d| tokio::time::Instant::now() + delay > d) {
+            return Err(error);
+        }
+        let cause = error.to_string();
+        tracing::warn!(attempt, error = %cause, retry_in = ?delay, "the catalog is not reached yet; answering 503 starting meanwhile");
+        startup.failed(cause);
+        // A token that arrived during this attempt is tried at once.
+        if catalog_token.get().0 != token_generation {
+            continue;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = catalog_token.changed() => tracing::info!("a new catalog token: trying again now"),
+            _ = signals.next() => return Ok(None),
+        }
+        delay = (delay * 2).min(Duration::from_secs(30));
+    }
+    unreachable!("the attempts never run out")
 }
 
 /// `wanted` connections per listener, lowered so that both listeners' connections and the

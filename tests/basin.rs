@@ -248,7 +248,8 @@ fn approx_top_k_returns_value_count_structs() {
 #[test]
 fn no_silent_default_limit_and_long_json_strings_work() {
     // Basin caps results at 500 rows by default and 10,000 at most; skiff returns them all.
-    assert_eq!(rows("SELECT event_id FROM glass.events").len(), 20_000);
+    let all = "SELECT event_id FROM glass.events UNION ALL SELECT event_id FROM glass.events_v2";
+    assert_eq!(rows(all).len(), 20_000);
     let long = format!("{{\"k\": \"{}\", \"n\": 7}}", "x".repeat(5_000));
     let r = rows(&format!("SELECT json_get_int('{long}', 'n') AS n, json_length('{long}') AS len"));
     assert_eq!(r[0], json!({"n": 7, "len": 2}));
@@ -384,4 +385,174 @@ fn a_path_segment_that_is_not_utf8_still_gets_the_envelope() {
     assert_eq!(r.status(), 200);
     let v: Value = r.json().unwrap();
     assert_eq!((&v["success"], &v["result"]["rows"]), (&json!(true), &json!([{"x": 1}])));
+}
+
+/// Basin's names: on this route `glass.events` is one physical table, so SQL a Basin client has
+/// already expanded into every version counts each row once (it read events_v2 twice before).
+#[test]
+fn names_are_physical_tables_as_in_basin() {
+    let n = |r: &[Value]| r[0]["n"].as_u64().unwrap();
+    let expanded = "SELECT count(*) AS n FROM (SELECT event FROM glass.events UNION ALL SELECT event FROM glass.events_v2)";
+    assert_eq!(n(&rows(expanded)), 20_000);
+    assert_eq!(n(&server().rows("SELECT count(*) AS n FROM glass.events")), 20_000);
+    let v1 = n(&rows("SELECT count(*) AS n FROM glass.events"));
+    let v2 = n(&rows("SELECT count(*) AS n FROM glass.events_v2"));
+    assert!(v1 > 0 && v2 > 0 && v1 + v2 == 20_000, "{v1} + {v2}");
+    // /query keeps the versioned union, so there the same expanded SQL reads events_v2 twice.
+    assert_eq!(n(&server().rows(expanded)), 20_000 + v2);
+    // DESCRIBE and SHOW TABLES show what Basin shows: the physical tables and their columns.
+    let cols = rows("DESCRIBE glass.events");
+    assert!(!cols.iter().any(|c| c["column_name"] == "revenue"), "v1 has no revenue: {cols:?}");
+    let tables: HashSet<String> = rows("SHOW TABLES")
+        .iter()
+        .filter(|t| t["table_schema"] == "glass")
+        .map(|t| t["table_name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(tables, HashSet::from(["events".into(), "events_v2".into(), "identities".into()]));
+    // `events_v1` is a /query alias, not a Basin name.
+    fails("SELECT count(*) FROM glass.events_v1", 400, 40010);
+}
+
+/// The expansion on request: `x-skiff-expand-versions: true` reads names as /query does.
+#[test]
+fn expand_versions_header() {
+    let call = |value: &str, sql: &str| {
+        let r = client()
+            .post(format!("{}{ROUTE}", server().base))
+            .bearer_auth(TOKEN)
+            .header("x-skiff-expand-versions", value)
+            .body(json!({ "query": sql }).to_string())
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().unwrap())
+    };
+    let sql = "SELECT count(*) AS n FROM glass.events";
+    assert_eq!(call("true", sql).1["result"]["rows"][0]["n"], 20_000);
+    assert_eq!(call("false", sql).1["result"]["rows"], json!(rows(sql)));
+    let (status, v) = call("maybe", sql);
+    assert_eq!((status, v["errors"][0]["code"].clone()), (400, json!(40004)), "{v}");
+    assert!(v["errors"][0]["message"].as_str().unwrap().contains("x-skiff-expand-versions"), "{v}");
+}
+
+/// SQL a Basin client wrote for Basin SQL: each versioned table replaced by a UNION ALL of its
+/// versions, by column name, a column a version lacks padded with a typed NULL (SQL type names,
+/// as a person writes them). `versions` maps a table to its versions' columns (name, Arrow type).
+fn dataflare_expand(sql: &str, table: &str, versions: &[(&str, Vec<(String, String)>)]) -> String {
+    let mut union_cols: Vec<(String, String)> = Vec::new();
+    for (_, cols) in versions {
+        for c in cols {
+            if !union_cols.iter().any(|u| u.0 == c.0) {
+                union_cols.push(c.clone());
+            }
+        }
+    }
+    let sql_type = |arrow: &str| match arrow {
+        t if t.contains("Utf8") => "VARCHAR",
+        t if t.starts_with("Timestamp") => "TIMESTAMP",
+        "Float64" => "DOUBLE",
+        "Float32" => "REAL",
+        "Int64" => "BIGINT",
+        "Int32" => "INT",
+        "Boolean" => "BOOLEAN",
+        other => panic!("no SQL name for {other}"),
+    };
+    let branches: Vec<String> = versions
+        .iter()
+        .map(|(name, cols)| {
+            let list: Vec<String> = union_cols
+                .iter()
+                .map(|(c, t)| {
+                    if cols.iter().any(|x| &x.0 == c) {
+                        format!("\"{c}\"")
+                    } else {
+                        format!("CAST(NULL AS {}) AS \"{c}\"", sql_type(t))
+                    }
+                })
+                .collect();
+            format!("SELECT {} FROM glass.{name}", list.join(", "))
+        })
+        .collect();
+    let union = format!("({})", branches.join(" UNION ALL "));
+    // Each `glass.<table>` (not `glass.<table>_v2`) becomes the union, keeping an alias if one follows.
+    let needle = format!("glass.{table}");
+    let keywords = [
+        "WHERE", "GROUP", "ORDER", "LIMIT", "LEFT", "RIGHT", "INNER", "JOIN", "ON", "UNION", "HAVING",
+        "QUALIFY", "CROSS", "FULL",
+    ];
+    let mut out = String::new();
+    let mut rest = sql;
+    while let Some(at) = rest.find(&needle) {
+        let after = &rest[at + needle.len()..];
+        if after.starts_with(|c: char| c.is_alphanumeric() || c == '_') {
+            out.push_str(&rest[..at + needle.len()]);
+            rest = after;
+            continue;
+        }
+        out.push_str(&rest[..at]);
+        out.push_str(&union);
+        let next = after.split_whitespace().next().unwrap_or("");
+        let aliased = !next.is_empty()
+            && next.chars().all(|c| c.is_alphanumeric() || c == '_')
+            && !keywords.contains(&next.to_ascii_uppercase().as_str());
+        if !aliased {
+            out.push_str(&format!(" AS {table}"));
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Every query kind of the benchmark and of tests/queries, expanded as a Basin client expands it,
+/// answers on the Basin route exactly what the unexpanded SQL answers on /query: on a lake written
+/// by PyIceberg (gen_lake.py, where every kind but one person's timeline, a needle that needs a
+/// bigger lake, has rows) and on the demo lake.
+#[test]
+fn expanded_sql_on_the_basin_route_equals_query() {
+    let dir = tempdir();
+    py_lake(dir.path(), 60_000);
+    let py = Server::lake(dir.path());
+    for (s, every_kind_has_rows) in [(&py, true), (server(), false)] {
+        let basin_rows = |sql: &str| -> Vec<Value> {
+            let r = s.post(ROUTE, json!({ "query": sql }).to_string());
+            let v: Value = r.json().unwrap();
+            assert_eq!(v["success"], true, "{sql}: {v}");
+            v["result"]["rows"].as_array().unwrap().clone()
+        };
+        let columns = |t: &str| -> Vec<(String, String)> {
+            basin_rows(&format!("DESCRIBE glass.{t}"))
+                .iter()
+                .map(|c| (c["column_name"].as_str().unwrap().into(), c["data_type"].as_str().unwrap().into()))
+                .collect()
+        };
+        let versions = [("events", columns("events")), ("events_v2", columns("events_v2"))];
+        assert!(versions[1].1.len() > versions[0].1.len(), "events_v2 adds columns: {versions:?}");
+        let (mut n, mut empty) = (0, vec![]);
+        for dir in [shared().join("bench/queries"), repo().join("tests/queries")] {
+            let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+            files.sort();
+            for f in files.into_iter().filter(|f| f.extension().is_some_and(|x| x == "sql")) {
+                let text = std::fs::read_to_string(&f).unwrap();
+                let sql: String =
+                    text.lines().filter(|l| !l.trim_start().starts_with("--")).collect::<Vec<_>>().join("\n");
+                let expanded = dataflare_expand(&sql, "events", &versions);
+                assert!(expanded.contains("UNION ALL"), "{}: {expanded}", f.display());
+                let want = s.rows(&sql);
+                if want.is_empty() {
+                    empty.push(f.file_stem().unwrap().to_string_lossy().to_string());
+                }
+                assert_eq!(
+                    basin_rows(&expanded),
+                    want,
+                    "{}: expanded on the Basin route vs /query\n{expanded}",
+                    f.display()
+                );
+                n += 1;
+            }
+        }
+        assert!(n >= 15, "{n} query kinds");
+        if every_kind_has_rows {
+            assert!(empty.len() <= 1, "kinds without rows: {empty:?}");
+        }
+    }
 }

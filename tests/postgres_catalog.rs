@@ -190,7 +190,7 @@ fn a_wrong_password_stops_startup_without_showing_it() {
         let out = Command::new(skiff_bin())
             .args(["serve", "--http-addr"])
             .arg(format!("127.0.0.1:{}", free_port()))
-            .args(["--catalog-uri", &uri, "--warehouse", &warehouse])
+            .args(["--catalog-uri", &uri, "--warehouse", &warehouse, "--catalog-wait", "0s"])
             .args(&extra)
             .env("API_TOKEN", TOKEN)
             .env("RUST_LOG", "info")

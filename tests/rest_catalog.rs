@@ -235,6 +235,8 @@ fn a_wrong_catalog_token_is_a_clear_startup_error() {
             &format!("127.0.0.1:{}", free_port()),
             "--catalog-uri",
             &lake.catalog.url(),
+            "--catalog-wait",
+            "0s",
         ])
         .env("CF_API_TOKEN", "not-the-token-31337")
         .output()
@@ -321,4 +323,77 @@ fn a_sql_catalog_on_s3_with_static_credentials() {
     });
     assert_eq!(s.rows("SELECT count(*) AS n FROM glass.events")[0]["n"], expected["glass.events"]);
     assert_eq!(s.rows("SELECT count(*) AS n FROM glass.identities")[0]["n"], expected["glass.identities"]);
+}
+
+/// A rotated Cloudflare API token takes effect without a restart: the catalog revokes the old
+/// one, skiff says so (503, the catalog's refusal), the new one is pushed through the admin
+/// route, and the same process answers again. At start, a refused token is a 503 `starting`
+/// with the cause until the right one arrives the same way.
+#[test]
+fn a_rotated_catalog_token_takes_effect_without_a_restart() {
+    let mut lake = rest_lake(None);
+    let admin = "admin-6c2f";
+    let s = Server::start(Opts {
+        args: vec!["--catalog-uri".into(), lake.catalog.url(), "--warehouse".into(), "wh_name".into()],
+        env: vec![("CF_API_TOKEN", CATALOG_TOKEN.to_string()), ("SKIFF_ADMIN_TOKEN", admin.to_string())],
+        ..Default::default()
+    });
+    let pid = s.pid();
+    let sql = "SELECT count(*) AS n FROM glass.events";
+    let n = s.rows(sql)[0]["n"].clone();
+    // The catalog now accepts only the new token (same address, same tables).
+    let rotated = "cf-api-token-rotated-0e9a";
+    let port = lake.catalog.port;
+    lake.catalog.stop();
+    let args: Vec<String> = lake
+        .catalog_args(port)
+        .into_iter()
+        .map(|a| if a == CATALOG_TOKEN { rotated.to_string() } else { a })
+        .collect();
+    lake.catalog =
+        FixtureServer::start("rest_catalog.py", &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let (status, v) = s.query(sql);
+    assert_eq!(status, 503, "the old token is refused: {v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("catalog"), "{v}");
+    let push = |token: &str| {
+        client()
+            .post(format!("{}/_admin/credentials", s.base))
+            .bearer_auth(admin)
+            .body(serde_json::json!({ "catalog_token": token }).to_string())
+            .send()
+            .unwrap()
+            .status()
+    };
+    assert_eq!(push(rotated), 200);
+    assert_eq!(s.rows(sql)[0]["n"], n);
+    assert_eq!(s.pid(), pid, "no restart");
+    let log = s.log_text();
+    assert!(!log.contains(rotated) && !log.contains(CATALOG_TOKEN), "a token in the log: {log}");
+
+    // A skiff started with the revoked token: 503 starting, saying why, until it gets the new one.
+    let s2 = Server::start_listening(Opts {
+        args: vec!["--catalog-uri".into(), lake.catalog.url(), "--warehouse".into(), "wh_name".into()],
+        env: vec![("CF_API_TOKEN", CATALOG_TOKEN.to_string()), ("SKIFF_ADMIN_TOKEN", admin.to_string())],
+        ..Default::default()
+    });
+    let cause = eventually(20, || {
+        let v: serde_json::Value = client().get(format!("{}/_health", s2.base)).send().ok()?.json().ok()?;
+        v["cause"].as_str().map(String::from)
+    });
+    assert!(cause.contains("refused the credentials (401"), "{cause}");
+    assert!(!cause.contains(CATALOG_TOKEN));
+    let (status, v) = s2.query(sql);
+    assert_eq!((status, v["error"]["code"].clone()), (503, serde_json::json!("starting")), "{v}");
+    let r = client()
+        .post(format!("{}/_admin/credentials", s2.base))
+        .bearer_auth(admin)
+        .body(serde_json::json!({ "catalog_token": rotated }).to_string())
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let got = eventually(20, || {
+        let (status, v) = s2.query(sql);
+        (status == 200).then(|| v[0]["n"].clone())
+    });
+    assert_eq!(got, n);
 }

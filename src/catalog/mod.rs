@@ -7,7 +7,8 @@ pub(crate) mod sql;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use iceberg::io::StorageFactory;
 use iceberg::{Catalog, TableIdent};
@@ -31,7 +32,7 @@ pub struct Connection {
 /// query can reuse the table loaded before while the pointer has not moved.
 pub enum TablePointers {
     Sql(sql::SqlPointers),
-    Rest(rest::RestPointers),
+    Rest(Box<rest::RestPointers>),
 }
 
 /// Why a pointer could not be read: the catalog's failure, reported as its outage.
@@ -54,21 +55,62 @@ impl std::fmt::Debug for Connection {
     }
 }
 
+/// The catalog's bearer token (a REST catalog's; SQL catalogs take none), replaceable while
+/// skiff runs through the admin route: the catalog and the pointer reads use the token as it
+/// is at each call, so a rotated or revoked token takes effect without a restart.
+#[derive(Default)]
+pub struct CatalogToken {
+    token: RwLock<Option<String>>,
+    generation: AtomicU64,
+    changed: tokio::sync::Notify,
+}
+
+impl CatalogToken {
+    pub fn new(token: Option<String>) -> Arc<Self> {
+        Arc::new(Self { token: RwLock::new(token), ..Default::default() })
+    }
+
+    /// The token and its generation (which changes with every replacement).
+    pub fn get(&self) -> (u64, Option<String>) {
+        let token = self.token.read().expect("token");
+        (self.generation.load(Ordering::SeqCst), token.clone())
+    }
+
+    pub fn set(&self, token: Option<String>) {
+        let mut t = self.token.write().expect("token");
+        *t = token.filter(|t| !t.is_empty());
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    /// Resolves at the next replacement.
+    pub async fn changed(&self) {
+        self.changed.notified().await
+    }
+
+    /// SHA-256 of the token, hex, for the admin route to show which one is held.
+    pub fn sha256(&self) -> Option<String> {
+        use sha2::Digest;
+        let t = self.token.read().expect("token");
+        t.as_ref().map(|t| sha2::Sha256::digest(t.as_bytes()).iter().map(|b| format!("{b:02x}")).collect())
+    }
+}
+
 /// The embedded default: a SQLite catalog and a local warehouse under `./lake`.
 pub fn default_lake_dir() -> PathBuf {
     PathBuf::from("lake")
 }
 
-/// Connects to the configured catalog. With no catalog configured, serves `./lake`, writing a
-/// demo lake there first if it does not exist yet.
-pub async fn connect(cfg: &ServeConfig) -> StartResult<Connection> {
+/// Connects to the configured catalog. With `--demo` (no catalog configured), serves `./lake`,
+/// writing a demo lake there first if it does not exist yet.
+pub async fn connect(cfg: &ServeConfig, token: &Arc<CatalogToken>) -> StartResult<Connection> {
     match cfg.catalog_uri.as_deref() {
         None => {
             let dir = default_lake_dir();
             let db = dir.join("catalog.db");
             if !db.exists() {
                 eprintln!(
-                    "skiff: no catalog configured and no lake at {}: writing a demo lake there (see `skiff demo --help`)",
+                    "skiff: --demo and no lake at {} yet: writing a demo lake there (see `skiff demo --help`)",
                     dir.display()
                 );
                 demo::write(&dir, demo::DEFAULT_EVENTS).await?;
@@ -79,7 +121,7 @@ pub async fn connect(cfg: &ServeConfig) -> StartResult<Connection> {
             sql::connect(&uri, &file_url(&warehouse), cfg.catalog_name.as_deref(), storage_props(cfg)).await
         }
         Some(uri) if uri.starts_with("http://") || uri.starts_with("https://") => {
-            rest::connect(uri, cfg.warehouse.as_deref(), cfg.catalog_token(), storage_props(cfg)).await
+            rest::connect(uri, cfg.warehouse.as_deref(), token.clone(), storage_props(cfg)).await
         }
         Some(uri) => {
             let warehouse = cfg.warehouse.as_deref().unwrap_or_default();

@@ -44,7 +44,7 @@ use futures::TryStreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Result, SkiffError};
-use crate::lake::Lake;
+use crate::lake::{Lake, Names};
 use crate::observe::metrics::Gauges;
 use limits::{Admission, Bounded, CANCELLED_AT_SHUTDOWN};
 use results::{CacheUse, ResultCache};
@@ -254,17 +254,27 @@ impl Engine {
             .with_disk_manager_builder(disk)
             .build_arc()?;
         let mut ctx = session(config, runtime, &tuning.disabled)?;
-        ctx.register_catalog(CATALOG, system::with_system_schema(lake.catalog_provider()));
+        ctx.register_catalog(CATALOG, system::with_system_schema(lake.catalog_provider(Names::Versioned)));
         let values = bounded_functions::ValueBounds {
             max_value_bytes: limits.max_value_bytes,
             max_array_length: limits.max_array_length,
             max_call_bytes: limits.memory_limit / 4,
         };
         bounded_functions::register(&mut ctx, values)?;
+        // The same session with every table name one physical table, for the Basin route; its
+        // own catalog list, since registering `lake` in a list the two shared would replace it.
+        let physical = SessionContext::new_with_state(
+            SessionStateBuilder::new_from_existing(ctx.state())
+                .with_catalog_list(Arc::new(datafusion::catalog::MemoryCatalogProviderList::new()))
+                .build(),
+        );
+        physical
+            .register_catalog(CATALOG, system::with_system_schema(lake.catalog_provider(Names::Physical)));
         let admission = Admission::new(limits.max_concurrent, limits.max_queued, limits.queue_timeout);
         let runtime = QueryRuntime::new()?;
         let planner = Planner {
             ctx,
+            physical,
             results: ResultCache::new(tuning.result_cache_bytes).map(Arc::new),
             bounds: limits.plan,
             runtime: runtime.handle().clone(),
@@ -366,6 +376,11 @@ impl Engine {
 
     /// [`Engine::execute`] with values for the query's `$1`, `$2`, ... parameters.
     pub async fn execute_with(&self, sql: &str, params: Vec<ScalarValue>) -> Result<Query> {
+        self.execute_in(Names::Versioned, sql, params).await
+    }
+
+    /// [`Engine::execute_with`], with table names resolved as `names` says.
+    pub async fn execute_in(&self, names: Names, sql: &str, params: Vec<ScalarValue>) -> Result<Query> {
         self.check_text(sql)?;
         // One deadline covers waiting for a slot, planning, running and streaming.
         let deadline = tokio::time::Instant::now() + self.limits.query_timeout;
@@ -373,7 +388,10 @@ impl Engine {
         let planner = self.planner.clone();
         let sql = sql.to_string();
         let (started, permit) = self
-            .until(deadline, self.on_query_runtime(permit, async move { planner.start(&sql, params).await }))
+            .until(
+                deadline,
+                self.on_query_runtime(permit, async move { planner.start(names, &sql, params).await }),
+            )
             .await?;
         Ok(Query {
             stream: Box::pin(Bounded::new(
@@ -445,6 +463,9 @@ impl Engine {
 #[derive(Clone)]
 struct Planner {
     ctx: SessionContext,
+    /// The same session with every table name resolved as one physical table (Basin SQL's
+    /// names, for the Basin route).
+    physical: SessionContext,
     /// `None` when turned off.
     results: Option<Arc<ResultCache>>,
     bounds: sql_bounds::PlanBounds,
@@ -468,8 +489,12 @@ impl Planner {
 
     /// Plans a query and returns its stream. Nothing executes until the stream is first
     /// polled, so a front end can still answer "not modified" from the fingerprint alone.
-    async fn start(&self, sql: &str, params: Vec<ScalarValue>) -> Result<Query> {
-        let mut state = self.ctx.state();
+    async fn start(&self, names: Names, sql: &str, params: Vec<ScalarValue>) -> Result<Query> {
+        let session = match names {
+            Names::Versioned => &self.ctx,
+            Names::Physical => &self.physical,
+        };
+        let mut state = session.state();
         let stats = Arc::new(QueryStats::default());
         state.config_mut().set_extension(stats.clone());
         let mut plan = self.plan(&state, sql).await?;

@@ -160,7 +160,7 @@ fn logical(off: &Disabled) -> Vec<LogicalRule> {
     rules.extend([
         Arc::new(CommonSubexprEliminate::new()) as LogicalRule,
         Arc::new(ExtractLeafExpressions::new()),
-        Arc::new(PushDownLeafProjections::new()),
+        Arc::new(super::fixes::NotOverUnions(Arc::new(PushDownLeafProjections::new()))),
     ]);
     // After filters are pushed down, before projections are pruned.
     if off.is_on("group_keys_at_scan") {

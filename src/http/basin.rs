@@ -16,6 +16,7 @@ use super::{AppState, RequestId};
 use crate::encode::{basin, json};
 use crate::engine::stats::QueryStats;
 use crate::error::SkiffError;
+use crate::lake::Names;
 use crate::observe::QueryLog;
 
 /// The account and bucket in the path are not read (skiff serves one lake), so not extracted
@@ -36,7 +37,15 @@ pub async fn query(
         log.finish(Err(&e));
         return failure(status, &e);
     }
-    match begin(&state, &headers, body, &mut log).await {
+    let names = match expand_versions(&headers) {
+        Ok(true) => Names::Versioned,
+        Ok(false) => Names::Physical,
+        Err(e) => {
+            log.finish(Err(&e));
+            return failure(e.basin_status(), &e);
+        }
+    };
+    match begin(&state, &headers, body, &mut log, names).await {
         Ok(Begun::NotModified(etag)) => not_modified(etag, log),
         Ok(Begun::Started(s)) => {
             let encoder = Envelope { request_id: id.0, has_rows: s.first.is_some(), stats: s.stats.clone() };
@@ -53,7 +62,23 @@ pub async fn query(
     }
 }
 
-fn failure(status: StatusCode, e: &SkiffError) -> Response {
+/// The request header that makes this route read `glass.events` as every version of the
+/// table, as `/query` does. Without it each name is one physical table, as in Basin SQL, so
+/// SQL that already unions the versions (as a Basin client writes it) counts every row once.
+pub const EXPAND_VERSIONS: &str = "x-skiff-expand-versions";
+
+fn expand_versions(headers: &HeaderMap) -> Result<bool, SkiffError> {
+    let Some(v) = headers.get(EXPAND_VERSIONS) else { return Ok(false) };
+    match v.to_str().unwrap_or("").trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" => Ok(true),
+        "false" | "0" | "no" => Ok(false),
+        other => {
+            Err(SkiffError::BadRequest(format!("{EXPAND_VERSIONS} must be true or false (got {other:?})")))
+        }
+    }
+}
+
+pub(crate) fn failure(status: StatusCode, e: &SkiffError) -> Response {
     let mut res = (status, axum::Json(basin::failure(e))).into_response();
     if let Some(secs) = e.retry_after() {
         res.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(secs));

@@ -26,6 +26,7 @@ use crate::encode::json;
 use crate::engine::Query;
 use crate::engine::stats::QueryStats;
 use crate::error::{Result, SkiffError};
+use crate::lake::Names;
 use crate::observe::QueryLog;
 
 /// The body every query route takes. Other fields (Basin clients send `warehouse`) are
@@ -63,7 +64,7 @@ async fn respond<E: Encoder>(
     content_type: &'static str,
 ) -> Response {
     let mut log = QueryLog::new(id.0, route);
-    match begin(state, headers, body, &mut log).await {
+    match begin(state, headers, body, &mut log, Names::Versioned).await {
         Ok(Begun::NotModified(etag)) => not_modified(etag, log),
         Ok(Begun::Started(s)) => {
             let head = s.head();
@@ -86,12 +87,24 @@ pub enum Begun {
     NotModified(HeaderValue),
 }
 
-/// Reads the body and starts its query, noting in the log what it needs.
-pub async fn begin(state: &AppState, headers: &HeaderMap, body: Body, log: &mut QueryLog) -> Result<Begun> {
+/// Reads the body and starts its query, with table names resolved as `names` says, noting in
+/// the log what it needs.
+pub async fn begin(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+    log: &mut QueryLog,
+    names: Names,
+) -> Result<Begun> {
     let body = read_body(headers, body, state.max_body_bytes).await?;
     log.set_sql(&body.query);
     let started = Instant::now();
-    let query = state.engine.execute(&body.query).instrument(log.span()).await?;
+    let query = match names {
+        Names::Versioned => state.engine.execute(&body.query).instrument(log.span()).await?,
+        Names::Physical => {
+            state.engine.execute_in(names, &body.query, Vec::new()).instrument(log.span()).await?
+        }
+    };
     log.set_stats(query.stats.clone());
     let etag = query.fingerprint.as_deref().map(etag);
     if let Some(etag) = &etag

@@ -207,9 +207,27 @@ impl Lake {
         names.into_iter().collect()
     }
 
-    /// The DataFusion catalog over this lake.
-    pub fn catalog_provider(self: &Arc<Self>) -> Arc<dyn CatalogProvider> {
-        Arc::new(LakeCatalog(self.clone()))
+    /// The DataFusion catalog over this lake, its names resolved as `names` says.
+    pub fn catalog_provider(self: &Arc<Self>, names: Names) -> Arc<dyn CatalogProvider> {
+        Arc::new(LakeCatalog(self.clone(), names))
+    }
+
+    /// Every physical table of a namespace, as listed.
+    fn physical_names(&self, ns: &str) -> Vec<String> {
+        self.listing.read().expect("listing").get(ns).map(|t| t.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    /// One physical table, as Basin SQL resolves a name.
+    async fn resolve_physical(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<Arc<dyn TableProvider>>, SkiffError> {
+        if !self.exists(ns, name) {
+            return Ok(None);
+        }
+        let table = self.load(ns, name).await?;
+        Ok(Some(Arc::new(PhysicalTable::try_new(table, self.caches.clone())?)))
     }
 
     /// Loads a table's current metadata from the catalog (reusing the table loaded before
@@ -355,12 +373,33 @@ enum Resolved {
     Versions(String, Vec<u32>),
 }
 
+/// What a table name in SQL means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Names {
+    /// `glass.events` is every version of the table, one UNION ALL (`/query`, Flight).
+    Versioned,
+    /// Every name is one physical table, as in Basin SQL (the Basin route).
+    Physical,
+}
+
 fn ns_name(ns: &NamespaceIdent) -> String {
     ns.as_ref().join(".")
 }
 
+/// A failed listing as the catalog's outage, saying which status it answered (the text around it
+/// is not repeated: it holds the response's headers), and in plain words when it refused the
+/// credentials.
 fn catalog_down(e: iceberg::Error) -> SkiffError {
-    SkiffError::Unavailable { dependency: "catalog", message: e.message().to_string() }
+    let full = e.to_string();
+    let status = full.split("status: ").nth(1).and_then(|r| r.split([',', '}']).next()).map(str::trim);
+    let message = match status {
+        Some(s) if s.starts_with("401") || s.starts_with("403") => format!(
+            "the catalog refused the credentials ({s}): check the catalog token (CF_API_TOKEN or --catalog-token)"
+        ),
+        Some(s) => format!("{} ({s})", e.message()),
+        None => e.message().to_string(),
+    };
+    SkiffError::Unavailable { dependency: "catalog", message }
 }
 
 pub(crate) fn to_df(e: SkiffError) -> DataFusionError {
@@ -368,7 +407,7 @@ pub(crate) fn to_df(e: SkiffError) -> DataFusionError {
 }
 
 #[derive(Debug)]
-struct LakeCatalog(Arc<Lake>);
+struct LakeCatalog(Arc<Lake>, Names);
 
 impl CatalogProvider for LakeCatalog {
     fn as_any(&self) -> &dyn Any {
@@ -381,7 +420,7 @@ impl CatalogProvider for LakeCatalog {
 
     fn schema(&self, name: &str) -> Option<Arc<dyn SchemaProvider>> {
         // Unknown namespaces still resolve, so that a missing table is reported as such.
-        Some(Arc::new(LakeSchema { lake: self.0.clone(), ns: name.to_string() }))
+        Some(Arc::new(LakeSchema { lake: self.0.clone(), ns: name.to_string(), names: self.1 }))
     }
 }
 
@@ -389,6 +428,16 @@ impl CatalogProvider for LakeCatalog {
 struct LakeSchema {
     lake: Arc<Lake>,
     ns: String,
+    names: Names,
+}
+
+impl LakeSchema {
+    async fn resolve(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>, SkiffError> {
+        match self.names {
+            Names::Versioned => self.lake.resolve(&self.ns, name).await,
+            Names::Physical => self.lake.resolve_physical(&self.ns, name).await,
+        }
+    }
 }
 
 #[async_trait]
@@ -398,21 +447,24 @@ impl SchemaProvider for LakeSchema {
     }
 
     fn table_names(&self) -> Vec<String> {
-        self.lake.table_names(&self.ns)
+        match self.names {
+            Names::Versioned => self.lake.table_names(&self.ns),
+            Names::Physical => self.lake.physical_names(&self.ns),
+        }
     }
 
     /// The table list is a cache of the catalog's: a name it lacks is looked up again.
     async fn table(&self, name: &str) -> DFResult<Option<Arc<dyn TableProvider>>> {
         if self.table_exist(name) {
             metrics::cache_hit("table_list");
-            if let Some(t) = self.lake.resolve(&self.ns, name).await.map_err(to_df)? {
+            if let Some(t) = self.resolve(name).await.map_err(to_df)? {
                 return Ok(Some(t));
             }
         } else {
             metrics::cache_miss("table_list");
         }
         self.lake.relist(&self.ns).await.map_err(to_df)?;
-        self.lake.resolve(&self.ns, name).await.map_err(to_df)
+        self.resolve(name).await.map_err(to_df)
     }
 
     /// Listing tables must not load them: one broken table would break `SHOW TABLES`.
@@ -421,6 +473,9 @@ impl SchemaProvider for LakeSchema {
     }
 
     fn table_exist(&self, name: &str) -> bool {
-        self.lake.versions_of(&self.ns, name).is_some()
+        match self.names {
+            Names::Versioned => self.lake.versions_of(&self.ns, name).is_some(),
+            Names::Physical => self.lake.exists(&self.ns, name),
+        }
     }
 }

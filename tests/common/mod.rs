@@ -114,6 +114,15 @@ impl Server {
     /// Starts `skiff serve` on ports picked here. A port found free can be taken by another
     /// test's server before skiff binds it; then skiff exits, and it is started again on others.
     pub fn start(opts: Opts) -> Server {
+        Self::start_until(opts, true)
+    }
+
+    /// Starts `skiff serve` and returns once it listens, ready or not (`/_health` answers).
+    pub fn start_listening(opts: Opts) -> Server {
+        Self::start_until(opts, false)
+    }
+
+    fn start_until(opts: Opts, ready: bool) -> Server {
         let flight_picked = !opts.args.iter().any(|a| a == "--flight-addr");
         for _ in 0..5 {
             let mut server = Self::spawn(&opts);
@@ -121,7 +130,7 @@ impl Server {
             if flight_picked {
                 picked.push(server.flight.clone());
             }
-            match server.wait_ready() {
+            match server.wait_ready(ready) {
                 Ok(()) => return server,
                 Err(log) if picked.iter().any(|a| log.contains(&format!("cannot listen on {a}"))) => {}
                 Err(log) => panic!("skiff exited before it was ready:\n{log}"),
@@ -179,8 +188,8 @@ impl Server {
         }
     }
 
-    /// Ready, or the log of a skiff that exited first.
-    fn wait_ready(&mut self) -> Result<(), String> {
+    /// Ready (or only listening), or the log of a skiff that exited first.
+    fn wait_ready(&mut self, ready: bool) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(120);
         let client = reqwest::blocking::Client::new();
         while Instant::now() < deadline {
@@ -188,7 +197,7 @@ impl Server {
                 return Err(format!("({status}) {}", self.log_text()));
             }
             if let Ok(r) = client.get(format!("{}/_health", self.base)).send()
-                && r.status().is_success()
+                && (r.status().is_success() || !ready)
             {
                 return Ok(());
             }

@@ -1,9 +1,10 @@
-import { SkiffContainer } from "./container";
+import { SkiffContainer, containerFailure, describe } from "./container";
+import type { InstanceReport } from "./container";
 import type { Env } from "./env";
 
 // The Durable Object class must be exported from the Worker's main module.
 export { SkiffContainer };
-export type { Env };
+export type { Env, InstanceReport };
 
 /** Which kind of answer a path gets; `null` is a 404 from the Worker itself. */
 export type Route = "health" | "skiff" | "basin";
@@ -56,6 +57,43 @@ export function fnv1a32(s: string): number {
   return h >>> 0;
 }
 
+// Durable Object location hints: the container runs near where its Durable Object is created.
+const LOCATION_HINTS = new Set(["wnam", "enam", "sam", "weur", "eeur", "apac", "oc", "afr", "me"]);
+
+/** The instance's stub, placed by SKIFF_LOCATION_HINT (near the bucket) when one is set. */
+export function instanceStub(env: Env, name: string): DurableObjectStub<SkiffContainer> {
+  const hint = env.SKIFF_LOCATION_HINT;
+  if (typeof hint === "string" && LOCATION_HINTS.has(hint)) {
+    return env.SKIFF.getByName(name, { locationHint: hint as DurableObjectLocationHint });
+  }
+  return env.SKIFF.getByName(name);
+}
+
+/**
+ * What keeps this deployment from serving, checked before a container is woken: skiff in a
+ * container never falls back to a demo lake, so a missing catalog is a configuration error,
+ * answered here with its cause rather than as a container that failed to start.
+ */
+export function configProblem(env: Env): string | null {
+  const set = (k: string) => typeof env[k] === "string" && (env[k] as string).trim() !== "";
+  if (!set("API_TOKEN")) return "API_TOKEN is not set: `wrangler secret put API_TOKEN`";
+  if (!set("SKIFF_CATALOG_URI")) {
+    return "SKIFF_CATALOG_URI is not set: skiff needs a catalog (vars.SKIFF_CATALOG_URI in wrangler.jsonc)";
+  }
+  for (const k of ["SKIFF_CATALOG_URI", "SKIFF_WAREHOUSE"]) {
+    const v = env[k];
+    if (typeof v === "string" && /<[A-Z_]+>/.test(v)) return `${k} still holds a placeholder: ${v}`;
+  }
+  if (set("SKIFF_LOCATION_HINT") && !LOCATION_HINTS.has(env.SKIFF_LOCATION_HINT!)) {
+    return `SKIFF_LOCATION_HINT ${env.SKIFF_LOCATION_HINT} is not a location hint (${[...LOCATION_HINTS].join(", ")})`;
+  }
+  const rest = /^https?:\/\//.test(env.SKIFF_CATALOG_URI!);
+  if (rest && !set("CF_API_TOKEN") && !set("SKIFF_CATALOG_TOKEN")) {
+    return "CF_API_TOKEN is not set: a REST catalog needs a token (`wrangler secret put CF_API_TOKEN`)";
+  }
+  return null;
+}
+
 const encoder = new TextEncoder();
 
 async function sha256(s: string): Promise<ArrayBuffer> {
@@ -69,10 +107,7 @@ async function sha256(s: string): Promise<ArrayBuffer> {
  */
 export async function authorized(header: string | null, apiToken: string | undefined): Promise<boolean> {
   const accepted = (apiToken ?? "").split(",").map((t) => t.trim()).filter((t) => t !== "");
-  if (accepted.length === 0) {
-    console.error(JSON.stringify({ event: "skiff_auth_misconfigured", message: "API_TOKEN is not set" }));
-    return false;
-  }
+  if (accepted.length === 0) return false;
   const match = /^\s*bearer\s+(\S+)\s*$/i.exec(header ?? "");
   if (!match) return false;
   const given = await sha256(match[1]!);
@@ -111,87 +146,143 @@ function errorResponse(
   });
 }
 
-function unavailable(route: Route, requestId: string): Response {
-  return errorResponse(
-    route,
-    503,
-    { skiff: "unavailable", basin: 80001 },
-    "skiff is starting or unavailable, retry shortly",
-    requestId,
-    // A cold start takes a few seconds.
-    { "retry-after": "5" },
-  );
+/** The container library's own failure, in skiff's error shape or Basin's envelope, with its cause. */
+function containerUnavailable(route: Route, requestId: string, kind: string, text: string): Response {
+  if (kind === "rate_limited") {
+    return errorResponse(route, 429, { skiff: "overloaded", basin: 42900 }, `overloaded: ${text}; retry later`, requestId, {
+      "retry-after": "1",
+    });
+  }
+  const why =
+    kind === "no_instance"
+      ? "no container instance is free (max_instances reached, or the container is still being provisioned)"
+      : kind === "start_failed"
+        ? `skiff's container could not start (${text.replace(/^Failed to start container:\s*/i, "").slice(0, 300)}); its log says why`
+        : kind === "connection_lost"
+          ? "the connection to skiff's container was lost (it may have restarted)"
+          : `skiff's container is unavailable: ${text}`;
+  // A cold start takes a few seconds.
+  return errorResponse(route, 503, { skiff: "unavailable", basin: 80001 }, `${why}; retry shortly`, requestId, {
+    "retry-after": "5",
+  });
 }
 
-// @cloudflare/containers answers its own failures (start failed, no instance free, connection
-// lost) as text/plain 500/503 responses instead of throwing; these are their opening words.
-const CONTAINER_FAILURES = [
-  "Failed to start container",
-  "There is no Container instance available",
-  "Container suddenly disconnected",
-  "Error proxying request to container",
-];
-
-/** True when the response comes from the container library failing, not from skiff. */
-export async function isContainerFailure(res: Response): Promise<boolean> {
-  if (res.status !== 500 && res.status !== 503) return false;
-  if (!(res.headers.get("content-type") ?? "").startsWith("text/plain")) return false;
-  // Only small plain-text error bodies get here, never a query result; read a copy.
-  const text = await res.clone().text();
-  return CONTAINER_FAILURES.some((prefix) => text.startsWith(prefix));
+/** One structured line per request, for Workers Logs. */
+function logRequest(fields: Record<string, unknown>): void {
+  console.log(JSON.stringify({ event: "request", ...fields }));
 }
 
 export default {
   async fetch(request: Request, env: Env): Promise<Response> {
+    const started = Date.now();
     const requestId = requestIdFor(request);
     const url = new URL(request.url);
     const route = routeOf(url.pathname);
-    if (route === null) {
-      return errorResponse(null, 404, { skiff: "not_found", basin: 40004 }, `not found: ${url.pathname}`, requestId);
-    }
-
-    // Auth before the container is touched: an unauthenticated caller must not wake (and bill) it.
-    if (route !== "health" && !(await authorized(request.headers.get("authorization"), env.API_TOKEN))) {
-      return errorResponse(
-        route,
-        401,
-        { skiff: "unauthorized", basin: 10000 },
-        "missing or invalid bearer token",
-        requestId,
-        { "www-authenticate": 'Bearer realm="skiff"' },
-      );
-    }
-
-    const headers = new Headers(request.headers);
-    headers.set("x-request-id", requestId);
-    // @cloudflare/containers reads this header to pick the container port: clients must not.
-    headers.delete("cf-container-target-port");
-    // The body stays a stream: never buffered here, whatever its size.
-    const forwarded = new Request(request.url, {
-      method: request.method,
-      headers,
-      body: request.body,
-      redirect: "manual",
-    });
-
-    const name = instanceName(request.headers, env);
+    let instance: string | null = null;
     let res: Response;
     try {
-      res = await env.SKIFF.getByName(name).fetch(forwarded);
+      res = await handle(request, env, url, route, requestId, (name) => (instance = name));
     } catch (error) {
-      console.error(
-        JSON.stringify({ event: "skiff_forward_failed", instance: name, requestId, error: String(error) }),
-      );
-      return unavailable(route, requestId);
+      console.error(JSON.stringify({ event: "worker_error", request_id: requestId, error: describe(error) }));
+      res = errorResponse(route, 500, { skiff: "internal", basin: 10001 }, "internal error in the Worker", requestId);
     }
-    if (await isContainerFailure(res)) {
-      console.error(JSON.stringify({ event: "skiff_container_unavailable", instance: name, requestId, status: res.status }));
-      return unavailable(route, requestId);
-    }
-
-    // Re-wrap only to make the headers mutable: the body (an Arrow stream, say) passes through as is.
-    const out = new Response(res.body, res);
-    out.headers.set("x-request-id", requestId);
-    return out;
+    logRequest({
+      route: route ?? "unmatched",
+      method: request.method,
+      path: url.pathname,
+      status: res.status,
+      // Until the response head: a streamed body goes on after this line.
+      duration_ms: Date.now() - started,
+      request_id: requestId,
+      instance,
+    });
+    return res;
   },
 } satisfies ExportedHandler<Env>;
+
+async function handle(
+  request: Request,
+  env: Env,
+  url: URL,
+  route: Route | null,
+  requestId: string,
+  chose: (instance: string) => void,
+): Promise<Response> {
+  if (route === null) {
+    return errorResponse(null, 404, { skiff: "not_found", basin: 40004 }, `not found: ${url.pathname}`, requestId);
+  }
+
+  const problem = configProblem(env);
+  if (route === "health" && !url.searchParams.has("deep")) {
+    // The Worker's own health: never touches (and so never wakes or bills) a container.
+    return Response.json(problem ? { status: "misconfigured", problem } : { status: "ok" }, {
+      status: problem ? 500 : 200,
+      headers: { "cache-control": "no-store", "x-request-id": requestId },
+    });
+  }
+  if (problem) {
+    console.error(JSON.stringify({ event: "skiff_misconfigured", request_id: requestId, problem }));
+    return errorResponse(route, 500, { skiff: "not_configured", basin: 10001 }, `skiff is not configured: ${problem}`, requestId);
+  }
+
+  // Auth before the container is touched: an unauthenticated caller must not wake (and bill) it.
+  if (!(await authorized(request.headers.get("authorization"), env.API_TOKEN))) {
+    return errorResponse(route, 401, { skiff: "unauthorized", basin: 10000 }, "missing or invalid bearer token", requestId, {
+      "www-authenticate": 'Bearer realm="skiff"',
+    });
+  }
+
+  const name = instanceName(request.headers, env);
+  chose(name);
+  const stub = instanceStub(env, name);
+
+  if (route === "health") {
+    // Deep health, for operators: the instance's container as it is, not started by this call.
+    let report: InstanceReport;
+    try {
+      report = await stub.report();
+    } catch (error) {
+      return errorResponse(route, 503, { skiff: "unavailable", basin: 80001 }, `instance ${name}: ${describe(error)}`, requestId, {
+        "retry-after": "5",
+      });
+    }
+    const skiffOk = report.skiff !== null && "status" in report.skiff && report.skiff.status === 200;
+    const status = !report.running || skiffOk ? 200 : 503;
+    return Response.json(
+      { status: report.running ? (skiffOk ? "ok" : "not_ready") : "sleeping", instance: name, ...report },
+      { status, headers: { "cache-control": "no-store", "x-request-id": requestId } },
+    );
+  }
+
+  const headers = new Headers(request.headers);
+  headers.set("x-request-id", requestId);
+  // @cloudflare/containers reads this header to pick the container port: clients must not.
+  headers.delete("cf-container-target-port");
+  // The body stays a stream: never buffered here, whatever its size.
+  const forwarded = new Request(request.url, {
+    method: request.method,
+    headers,
+    body: request.body,
+    redirect: "manual",
+  });
+
+  let res: Response;
+  try {
+    res = await stub.fetch(forwarded);
+  } catch (error) {
+    console.error(JSON.stringify({ event: "skiff_forward_failed", instance: name, request_id: requestId, error: describe(error) }));
+    return containerUnavailable(route, requestId, "unavailable", describe(error));
+  }
+  const failure = await containerFailure(res);
+  if (failure) {
+    console.error(
+      JSON.stringify({ event: "skiff_container_unavailable", instance: name, request_id: requestId, status: res.status, kind: failure.kind }),
+    );
+    return containerUnavailable(route, requestId, failure.kind, failure.text.trim());
+  }
+
+  // Re-wrap only to make the headers mutable: the body (an Arrow stream, say) passes through as is.
+  const out = new Response(res.body, res);
+  out.headers.set("x-request-id", requestId);
+  return out;
+}

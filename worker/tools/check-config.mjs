@@ -1,4 +1,10 @@
-// Validates ../wrangler.jsonc without Cloudflare or Docker.
+// Validates ../wrangler.jsonc (or --config PATH) without Cloudflare or Docker.
+//
+//   node tools/check-config.mjs [--config PATH] [--template]
+//
+// Refuses the <ACCOUNT_ID>/<BUCKET> placeholders, so `npm run deploy` (which runs this first)
+// never deploys a skiff without a catalog; --template accepts them, for the repository's own
+// copy (scripts/test checks that copy with --template, and test/tools checks the refusal).
 //
 // `wrangler deploy --dry-run` bundles the Worker offline but then needs a Docker daemon to
 // build the container image, so it cannot run here or in CI. Instead:
@@ -14,7 +20,10 @@ import { fileURLToPath } from "node:url";
 
 const workerDir = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 const root = resolve(workerDir, "..");
-const configPath = join(root, "wrangler.jsonc");
+const argv = process.argv.slice(2);
+const at = argv.indexOf("--config");
+const configPath = at >= 0 ? resolve(argv[at + 1]) : join(root, "wrangler.jsonc");
+const template = argv.includes("--template");
 const failures = [];
 const check = (ok, what) => (ok ? console.log(`ok   ${what}`) : failures.push(what) && console.log(`FAIL ${what}`));
 
@@ -85,7 +94,8 @@ const containers = cfg.containers ?? [];
 const c = containers[0] ?? {};
 check(containers.length === 1 && c.class_name === "SkiffContainer", "one container, class SkiffContainer");
 check(c.image === "./Dockerfile", "container image is ./Dockerfile");
-check(c.instance_type === "standard-1", "instance_type is standard-1");
+const INSTANCE_TYPES = ["lite", "basic", "standard-1", "standard-2", "standard-3", "standard-4"];
+check(INSTANCE_TYPES.includes(c.instance_type), `instance_type ${c.instance_type} is one of ${INSTANCE_TYPES.join(", ")}`);
 const pool = Number.parseInt(cfg.vars?.SKIFF_INSTANCES ?? "1", 10);
 check(Number.isInteger(c.max_instances) && c.max_instances >= pool, `max_instances (${c.max_instances}) >= SKIFF_INSTANCES (${pool})`);
 
@@ -99,7 +109,19 @@ const vars = cfg.vars ?? {};
 for (const k of ["SKIFF_CATALOG_URI", "SKIFF_WAREHOUSE", "LAKE_VERSIONS", "SKIFF_INSTANCES"]) {
   check(typeof vars[k] === "string" && vars[k].length > 0, `vars.${k} is set`);
 }
-check(/^https:\/\/catalog\.cloudflarestorage\.com\/[^/]+\/[^/]+$/.test(vars.SKIFF_CATALOG_URI ?? ""), "SKIFF_CATALOG_URI is a Basin Catalog URI");
+check(/^https?:\/\/[^/]+\/.+$/.test(vars.SKIFF_CATALOG_URI ?? ""), "SKIFF_CATALOG_URI is a REST catalog URI (Basin Catalog: https://catalog.cloudflarestorage.com/<ACCOUNT_ID>/<BUCKET>)");
+for (const k of ["SKIFF_CATALOG_URI", "SKIFF_WAREHOUSE"]) {
+  const placeholder = /<[A-Z_]+>/.exec(vars[k] ?? "");
+  if (template) {
+    if (placeholder) console.log(`note vars.${k} holds the placeholder ${placeholder[0]} (--template)`);
+  } else {
+    check(!placeholder, `vars.${k} holds no placeholder (replace ${placeholder?.[0]} with your account id / bucket)`);
+  }
+}
+const required = cfg.secrets?.required ?? [];
+for (const secret of ["API_TOKEN", "CF_API_TOKEN"]) check(required.includes(secret), `secrets.required lists ${secret}`);
+const hint = vars.SKIFF_LOCATION_HINT ?? "";
+check(hint === "" || ["wnam", "enam", "sam", "weur", "eeur", "apac", "oc", "afr", "me"].includes(hint), `SKIFF_LOCATION_HINT (${hint}) is a location hint or empty`);
 for (const secret of ["API_TOKEN", "CF_API_TOKEN", "SKIFF_CATALOG_TOKEN"]) {
   check(!(secret in vars), `${secret} is not a plain var (it is a secret)`);
   if (secret !== "SKIFF_CATALOG_TOKEN") check(raw.includes(`wrangler secret put ${secret}`), `comments say: wrangler secret put ${secret}`);

@@ -6,6 +6,7 @@
 mod aggregate_filters;
 mod json_nulls;
 mod lead_lag;
+mod leaf_projections;
 mod min_max;
 mod ntile;
 mod ordered_aggregates;
@@ -23,6 +24,7 @@ use datafusion::prelude::SessionContext;
 
 pub use aggregate_filters::FilterNullsAreFalse;
 pub use json_nulls::null_args_as_strings;
+pub use leaf_projections::NotOverUnions;
 pub use ordered_aggregates::OrderInsensitiveAggregates;
 
 /// The analyzer rules that fix plans; `skiff_count` is the `count` skiff registers in place of

@@ -337,9 +337,11 @@ ORDER BY 1`,
     minRows: 3,
   },
   {
-    name: "describe_events",
+    // A physical table: the same on both routes (`DESCRIBE glass.events` is the first version
+    // alone on the Basin route, the union of the versions on /query).
+    name: "describe_events_v2",
     kind: "catalog",
-    sql: "DESCRIBE glass.events",
-    minRows: 17,
+    sql: "DESCRIBE glass.events_v2",
+    minRows: 21,
   },
 ];

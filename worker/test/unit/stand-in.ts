@@ -4,6 +4,7 @@
 // request (test-only header `x-stand-in`) it streams slowly, fails like @cloudflare/containers
 // does when a container cannot start, or throws.
 import { DurableObject } from "cloudflare:workers";
+import type { InstanceReport } from "../../src/container";
 
 export interface Echo {
   instance: string | undefined;
@@ -42,6 +43,10 @@ export class StandInContainer extends DurableObject {
         return new Response("Failed to start container: the container exited with code 1", { status: 500 });
       case "no-instance":
         return new Response("There is no Container instance available at this time.", { status: 503 });
+      case "disconnected":
+        return new Response("Container suddenly disconnected, try again", { status: 500 });
+      case "rate-limited":
+        return new Response("you are requesting too many containers per second", { status: 429 });
       case "throw":
         throw new Error("durable object broke");
       // skiff's own errors must pass through untouched.
@@ -61,6 +66,11 @@ export class StandInContainer extends DurableObject {
       body: base64(new Uint8Array(await request.arrayBuffer())),
     };
     return Response.json(echo, { headers: { "x-from": "stand-in" } });
+  }
+
+  /** What SkiffContainer.report() answers for an instance whose container sleeps. */
+  async report(): Promise<InstanceReport> {
+    return { running: false, state: { status: "stopped", lastChange: Date.now() }, lastError: null, skiff: null };
   }
 
   /** Chunk 1 now; chunk 2 only once the test, having read chunk 1, calls /__release. */

@@ -2,9 +2,9 @@
 // Object (see stand-in.ts): Cloudflare's container runtime cannot run here.
 import { env, exports } from "cloudflare:workers";
 import { describe, expect, it } from "vitest";
-import worker, { authorized, fnv1a32, instanceName, isContainerFailure, poolSize, routeOf } from "../../src/index";
+import worker, { authorized, configProblem, fnv1a32, instanceName, poolSize, routeOf } from "../../src/index";
 import type { Env } from "../../src/index";
-import { containerEnvVars } from "../../src/container";
+import { SET_BY_CONTAINER, WORKER_ONLY, catalogToken, containerEnvVars, containerFailure } from "../../src/container";
 import { CHUNK_1, CHUNK_2, type Echo } from "./stand-in";
 
 const testEnv = env as unknown as Env;
@@ -61,7 +61,7 @@ describe("auth", () => {
   it("the tripwire does catch a request that gets through", async () => {
     const { binding, touched } = tripwire();
     const res = await call("/query", { method: "POST", headers: GOOD }, { SKIFF: binding });
-    expect(res.status).toBe(503);
+    expect(res.status).toBeGreaterThanOrEqual(500);
     expect(touched.length).toBeGreaterThan(0);
   });
 
@@ -96,25 +96,46 @@ describe("auth", () => {
     }
   });
 
-  it("lets /_health through without a token", async () => {
-    const res = await call("/_health");
+  it("answers /_health itself: no token needed, and the container is never touched", async () => {
+    const { binding, touched } = tripwire();
+    const res = await call("/_health", {}, { SKIFF: binding });
     expect(res.status).toBe(200);
-    expect(((await res.json()) as Echo).path).toBe("/_health");
+    expect(await res.json()).toEqual({ status: "ok" });
+    expect(touched).toEqual([]);
+  });
+
+  it("refuses a deep /_health without a token, before touching the container", async () => {
+    for (const headers of [{}, { authorization: "Bearer wrong" }] as Record<string, string>[]) {
+      const { binding, touched } = tripwire();
+      const res = await call("/_health?deep=1", { headers }, { SKIFF: binding });
+      expect(res.status).toBe(401);
+      expect(touched).toEqual([]);
+    }
+  });
+
+  it("answers an authenticated deep /_health with the instance's report", async () => {
+    const res = await call("/_health?deep=1", { headers: GOOD });
+    expect(res.status).toBe(200);
+    const body = (await res.json()) as Record<string, unknown>;
+    expect(body).toMatchObject({ status: "sleeping", instance: "skiff", running: false, lastError: null, skiff: null });
+    expect((body.state as { status: string }).status).toBe("stopped");
   });
 
   it("fails closed when API_TOKEN is not set", async () => {
     expect(await authorized("Bearer x", undefined)).toBe(false);
     expect(await authorized("Bearer x", " , ")).toBe(false);
     expect(await authorized("Bearer b", "a,b")).toBe(true);
-    const res = await call("/query", { method: "POST", headers: GOOD }, { API_TOKEN: "" });
-    expect(res.status).toBe(401);
+    const { binding, touched } = tripwire();
+    const res = await call("/query", { method: "POST", headers: GOOD }, { API_TOKEN: "", SKIFF: binding });
+    expect(res.status).toBe(500);
+    expect(((await res.json()) as { error: { code: string } }).error.code).toBe("not_configured");
+    expect(touched).toEqual([]);
   });
 });
 
 describe("routing", () => {
   it.each([
     ["GET", "/"],
-    ["GET", "/_health"],
     ["POST", "/query"],
     ["POST", "/streaming-query"],
     ["GET", "/metrics"],
@@ -162,8 +183,6 @@ describe("pass-through", () => {
     expect(echo.path).toBe("/query?format=json");
     expect(echo.headers["content-type"]).toBe("application/octet-stream");
     expect(echo.headers["x-custom"]).toBe("kept");
-    // skiff checks the token again itself.
-    expect(echo.headers["authorization"]).toBe("Bearer token-new");
     expect(Uint8Array.from(atob(echo.body), (c) => c.charCodeAt(0))).toEqual(bytes);
   });
 
@@ -260,18 +279,21 @@ describe("streaming", () => {
 
 describe("container failures", () => {
   it.each([
-    ["fail-start", "/query"],
-    ["no-instance", "/query"],
-    ["throw", "/query"],
-  ])("%s on %s answers 503 with Retry-After", async (mode, path) => {
+    ["fail-start", "/query", "could not start (the container exited with code 1)"],
+    ["no-instance", "/query", "no container instance is free"],
+    ["disconnected", "/query", "connection to skiff's container was lost"],
+    ["throw", "/query", "durable object broke"],
+  ])("%s on %s answers 503 with Retry-After and the cause", async (mode, path, cause) => {
     const res = await call(path, { method: "POST", headers: { ...GOOD, "x-stand-in": mode } });
     expect(res.status).toBe(503);
     expect(Number(res.headers.get("retry-after"))).toBeGreaterThan(0);
     expect(res.headers.get("x-request-id")).toBeTruthy();
-    expect(((await res.json()) as { error: { code: string } }).error.code).toBe("unavailable");
+    const body = (await res.json()) as { error: { code: string; message: string } };
+    expect(body.error.code).toBe("unavailable");
+    expect(body.error.message).toContain(cause);
   });
 
-  it.each(["fail-start", "no-instance", "throw"])("%s on a Basin route answers the envelope with 80001", async (mode) => {
+  it.each(["fail-start", "no-instance", "disconnected", "throw"])("%s on a Basin route answers the envelope with 80001", async (mode) => {
     const res = await call(BASIN, { method: "POST", headers: { ...GOOD, "x-stand-in": mode } });
     expect(res.status).toBe(503);
     expect(res.headers.get("retry-after")).toBeTruthy();
@@ -281,12 +303,71 @@ describe("container failures", () => {
     expect(body.result).toBeNull();
   });
 
-  it("isContainerFailure only matches the container library's own answers", async () => {
-    expect(await isContainerFailure(new Response("Failed to start container: x", { status: 500 }))).toBe(true);
-    expect(await isContainerFailure(new Response("Container suddenly disconnected, try again", { status: 500 }))).toBe(true);
-    expect(await isContainerFailure(new Response("Error proxying request to container: x", { status: 500 }))).toBe(true);
-    expect(await isContainerFailure(new Response("Failed to start container: x", { status: 200 }))).toBe(false);
-    expect(await isContainerFailure(Response.json({ error: "Failed to start container" }, { status: 500 }))).toBe(false);
+  it("maps the library's text/plain 429 to 429 in both shapes", async () => {
+    let res = await call("/query", { method: "POST", headers: { ...GOOD, "x-stand-in": "rate-limited" } });
+    expect(res.status).toBe(429);
+    expect(res.headers.get("retry-after")).toBe("1");
+    expect(((await res.json()) as { error: { code: string } }).error.code).toBe("overloaded");
+    res = await call(BASIN, { method: "POST", headers: { ...GOOD, "x-stand-in": "rate-limited" } });
+    expect(res.status).toBe(429);
+    const body = (await res.json()) as { success: boolean; errors: { code: number }[] };
+    expect(body.success).toBe(false);
+    expect(body.errors[0]!.code).toBe(42900);
+  });
+
+  it("containerFailure only matches the container library's own answers", async () => {
+    const kind = async (r: Response) => (await containerFailure(r))?.kind ?? null;
+    expect(await kind(new Response("Failed to start container: x", { status: 500 }))).toBe("start_failed");
+    expect(await kind(new Response("Container suddenly disconnected, try again", { status: 500 }))).toBe("connection_lost");
+    expect(await kind(new Response("Error proxying request to container: x", { status: 500 }))).toBe("connection_lost");
+    expect(await kind(new Response("There is no Container instance available at this time.", { status: 503 }))).toBe("no_instance");
+    expect(await kind(new Response("you are requesting too many containers per second", { status: 429 }))).toBe("rate_limited");
+    expect(await kind(new Response("Failed to start container: x", { status: 200 }))).toBeNull();
+    expect(await kind(new Response("Failed to start container: x", { status: 503 }))).toBeNull();
+    expect(await kind(Response.json({ error: "Failed to start container" }, { status: 500 }))).toBeNull();
+    // skiff's own 429 (JSON) passes through.
+    expect(await kind(Response.json({ error: { code: "overloaded" } }, { status: 429 }))).toBeNull();
+  });
+});
+
+describe("configuration", () => {
+  it("a missing catalog is answered with its cause, without waking a container", async () => {
+    for (const [override, cause] of [
+      [{ SKIFF_CATALOG_URI: "" }, "SKIFF_CATALOG_URI is not set"],
+      [{ SKIFF_CATALOG_URI: undefined }, "SKIFF_CATALOG_URI is not set"],
+      [{ SKIFF_CATALOG_URI: "https://catalog.cloudflarestorage.com/<ACCOUNT_ID>/<BUCKET>" }, "placeholder"],
+      [{ SKIFF_WAREHOUSE: "<ACCOUNT_ID>_<BUCKET>" }, "SKIFF_WAREHOUSE still holds a placeholder"],
+      [{ CF_API_TOKEN: "" }, "CF_API_TOKEN is not set"],
+      [{ API_TOKEN: "" }, "API_TOKEN is not set"],
+      [{ SKIFF_LOCATION_HINT: "mars" }, "not a location hint"],
+    ] as [Partial<Env>, string][]) {
+      const { binding, touched } = tripwire();
+      const res = await call("/query", { method: "POST", headers: GOOD }, { ...override, SKIFF: binding });
+      expect(res.status, cause).toBe(500);
+      const body = (await res.json()) as { error: { code: string; message: string } };
+      expect(body.error.code).toBe("not_configured");
+      expect(body.error.message).toContain(cause);
+      expect(touched).toEqual([]);
+      // The Worker's own health says so too.
+      const health = await call("/_health", {}, { ...override, SKIFF: binding });
+      expect(health.status).toBe(500);
+      expect(((await health.json()) as { status: string; problem: string }).problem).toContain(cause);
+      const basin = await call(BASIN, { method: "POST", headers: GOOD }, { ...override, SKIFF: binding });
+      expect(((await basin.json()) as { errors: { code: number; message: string }[] }).errors[0]!.message).toContain(cause);
+    }
+  });
+
+  it("a SQL catalog needs no catalog token; SKIFF_CATALOG_TOKEN stands for CF_API_TOKEN", () => {
+    const base = { ...testEnv, CF_API_TOKEN: "" };
+    expect(configProblem({ ...base, SKIFF_CATALOG_URI: "sqlite:///lake/catalog.db" })).toBeNull();
+    expect(configProblem({ ...base, SKIFF_CATALOG_TOKEN: "t" })).toBeNull();
+    expect(catalogToken({ ...base, SKIFF_CATALOG_TOKEN: "a", CF_API_TOKEN: "b" })).toBe("a");
+    expect(catalogToken({ ...base, CF_API_TOKEN: "b" })).toBe("b");
+  });
+
+  it("a location hint places the instance", async () => {
+    const res = await call("/query", { method: "POST", headers: GOOD }, { SKIFF_LOCATION_HINT: "weur" });
+    expect(res.status).toBe(200);
   });
 });
 
@@ -332,23 +413,58 @@ describe("instance choice", () => {
 });
 
 describe("container configuration", () => {
-  it("passes settings and secrets as env vars, HTTP on 0.0.0.0:8080 and Flight off", () => {
-    const vars = containerEnvVars({
-      ...testEnv,
-      SKIFF_CATALOG_URI: "https://catalog.example/acc/b",
-      SKIFF_WAREHOUSE: "acc_b",
-      LAKE_VERSIONS: "events=1,2",
-      API_TOKEN: "t1,t2",
-      CF_API_TOKEN: "cf",
-    });
+  const creds = { query: "internal-query", admin: "internal-admin" };
+
+  it("passes settings and secrets as env vars; HTTP on 0.0.0.0:8080, Flight off, JSON logs, skiff's tokens its own", () => {
+    const vars = containerEnvVars(
+      {
+        ...testEnv,
+        SKIFF_CATALOG_URI: "https://catalog.example/acc/b",
+        SKIFF_WAREHOUSE: "acc_b",
+        LAKE_VERSIONS: "events=1,2",
+        API_TOKEN: "t1,t2",
+        CF_API_TOKEN: "cf",
+        SKIFF_MEMORY_LIMIT: "2GiB",
+        SKIFF_INSTANCES: "3",
+        SKIFF_HTTP_ADDR: "127.0.0.1:1",
+        SKIFF_API_TOKEN: "nope",
+        SKIFF_ADMIN_TOKEN: "nope",
+        SKIFF_LOG_SQL: "",
+        OTHER: "not passed",
+      },
+      creds,
+    );
     expect(vars).toEqual({
+      SKIFF_LOG_FORMAT: "json",
       SKIFF_HTTP_ADDR: "0.0.0.0:8080",
-      SKIFF_FLIGHT_ADDR: "",
+      SKIFF_FLIGHT_ADDR: "off",
       SKIFF_CATALOG_URI: "https://catalog.example/acc/b",
       SKIFF_WAREHOUSE: "acc_b",
       LAKE_VERSIONS: "events=1,2",
-      API_TOKEN: "t1,t2",
       CF_API_TOKEN: "cf",
+      SKIFF_MEMORY_LIMIT: "2GiB",
+      API_TOKEN: "internal-query",
+      SKIFF_ADMIN_TOKEN: "internal-admin",
     });
+    expect(containerEnvVars({ ...testEnv, SKIFF_LOG_FORMAT: "text" }, creds).SKIFF_LOG_FORMAT).toBe("text");
+  });
+
+  it("every setting in src/config.rs can be set from a var or secret", () => {
+    const settings = JSON.parse(testEnv.TEST_CONFIG_SETTINGS as string) as string[];
+    // A sanity check that the list was read: the settings the issue names are in it.
+    for (const k of ["SKIFF_MEMORY_LIMIT", "SKIFF_RESULT_CACHE_BYTES", "SKIFF_LOG_FORMAT", "SKIFF_CATALOG_TOKEN", "SKIFF_QUERY_TIMEOUT"]) {
+      expect(settings, k).toContain(k);
+    }
+    const env: Partial<Env> = {};
+    for (const k of settings) env[k] = `value-of-${k}`;
+    const vars = containerEnvVars({ ...testEnv, ...env } as Env, creds);
+    for (const k of settings) {
+      if (SET_BY_CONTAINER.has(k) || WORKER_ONLY.has(k)) continue;
+      expect(vars[k], k).toBe(`value-of-${k}`);
+    }
+    // What the container sets itself is what the deployment needs, whatever the env says.
+    expect([...SET_BY_CONTAINER].filter((k) => settings.includes(k)).sort()).toEqual(
+      ["API_TOKEN", "SKIFF_ADMIN_TOKEN", "SKIFF_FLIGHT_ADDR", "SKIFF_HTTP_ADDR"].sort(),
+    );
   });
 });
