@@ -123,6 +123,33 @@ fn reads_a_rest_catalog_with_vended_credentials() {
     let v: serde_json::Value = r.json().unwrap();
     assert!(v["result"]["metrics"]["r2_requests_count"].as_u64().unwrap() > 0, "{v}");
     assert!(!s.log_text().contains(CATALOG_TOKEN), "the catalog token reached the log");
+
+    // Names from SQL text never become catalog paths: tables the catalog does not list are
+    // not found without a request, whatever their names hold.
+    let from = log_lines(&lake);
+    for name in [
+        r#""x/../../../../admin/secret?a=".t"#,
+        r#""..".t"#,
+        r#"glass."../../v1/config""#,
+        r#""glass%2F..".events"#,
+        r#"".".".""#,
+    ] {
+        let (status, v) = s.query(&format!("SELECT * FROM {name}"));
+        // 404 (no such table), 400 (not a name), 403 (a path, which is never read as a table)
+        assert!(matches!(status, 400 | 403 | 404), "{name}: {status} {v}");
+    }
+    let log = std::fs::read_to_string(lake.log()).unwrap();
+    let requests: Vec<&str> = log.lines().skip(from).collect();
+    for line in &requests {
+        let path = line.split_whitespace().nth(1).unwrap_or_default();
+        assert!(
+            !path.contains("admin")
+                && !path.contains("..")
+                && !path.contains("%2E%2E")
+                && path != "/v1/tables",
+            "a catalog request built from SQL text: {line}"
+        );
+    }
 }
 
 #[test]

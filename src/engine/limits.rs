@@ -152,6 +152,7 @@ impl Bounded {
         stall: Duration,
         shutdown: CancellationToken,
         permit: OwnedSemaphorePermit,
+        stats: Arc<super::stats::QueryStats>,
     ) -> Self {
         let schema = inner.schema();
         let state = Arc::new(std::sync::Mutex::new(Running {
@@ -180,6 +181,7 @@ impl Bounded {
                     }
                 };
                 if let Some(state) = watched.upgrade() {
+                    stats.set_ended(why.code());
                     state.lock().expect("running").end(why);
                 }
                 return;

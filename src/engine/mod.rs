@@ -400,6 +400,7 @@ impl Engine {
                 self.limits.write_timeout,
                 self.shutdown.clone(),
                 permit,
+                started.stats.clone(),
             )),
             ..started
         })

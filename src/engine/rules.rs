@@ -185,6 +185,9 @@ fn physical(off: &Disabled) -> Vec<PhysicalRule> {
         update_aggr_exprs::OptimizeAggregateOrder,
     };
     let mut rules: Vec<PhysicalRule> = vec![
+        // A fix, not an optimization (no off switch): first, before any rule trusts the
+        // grouping-set aggregations' output properties.
+        Arc::new(super::fixes::NullableGroupingSets),
         Arc::new(OutputRequirements::new_add_mode()),
         Arc::new(AggregateStatistics::new()),
         Arc::new(JoinSelection::new()),
@@ -209,6 +212,7 @@ fn physical(off: &Disabled) -> Vec<PhysicalRule> {
         rules.push(Arc::new(window::WholePartitionWindows));
     }
     rules.push(Arc::new(FilterPushdown::new_post_optimization()));
+    rules.push(Arc::new(super::fixes::SortsForMerges));
     rules.push(Arc::new(SanityCheckPlan::new()));
     let last: [(&str, PhysicalRule); 5] = [
         // On the final plan: scans that received a dynamic filter filter while decoding.
@@ -268,7 +272,11 @@ mod tests {
         let theirs: Vec<&str> =
             theirs.iter().map(|r| r.name()).filter(|n| *n != "eliminate_group_by_constant").collect();
         assert_eq!(ours, names(theirs));
-        let ours: Vec<String> = physical(&Disabled::all()).iter().map(|r| r.name().to_string()).collect();
+        let ours: Vec<String> = physical(&Disabled::all())
+            .iter()
+            .map(|r| r.name().to_string())
+            .filter(|n| !["nullable_grouping_sets", "sorts_for_merges"].contains(&n.as_str()))
+            .collect();
         let theirs = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
         assert_eq!(ours, names(theirs.iter().map(|r| r.name()).collect()));
     }

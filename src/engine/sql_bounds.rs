@@ -24,6 +24,8 @@ pub const MAX_NESTING: usize = 1000;
 
 /// Tables, subqueries and joins one SELECT may read.
 pub const MAX_FROM_ITEMS: usize = 256;
+/// CTEs in one WITH.
+const MAX_CTES: usize = 256;
 
 /// What a statement may ask the planner for.
 #[derive(Debug, Clone, Copy)]
@@ -93,7 +95,15 @@ impl Visitor for Walk<'_> {
                 ));
             }
         }
-        if query.with.is_some() {
+        if let Some(with) = &query.with {
+            // Each CTE is planned in the scope of the ones before it: a long chain takes minutes
+            // to plan though it stays small.
+            if with.cte_tables.len() > MAX_CTES {
+                return ControlFlow::Break(format!(
+                    "a WITH defines {} CTEs; at most {MAX_CTES} are planned",
+                    with.cte_tables.len()
+                ));
+            }
             let nodes = expanded(query);
             if nodes > self.bounds.max_plan_nodes {
                 return ControlFlow::Break(format!(
@@ -236,6 +246,13 @@ mod tests {
         assert!(e.contains("16777216 grouping sets"), "{e}");
         checked("SELECT count(*) FROM t GROUP BY CUBE (a, b, c), ROLLUP (d, e)").unwrap();
         checked("SELECT count(*) FROM t GROUP BY GROUPING SETS ((a), (b), ())").unwrap();
+        let chain = |n: usize| -> String {
+            let ctes: String = (1..n).map(|i| format!(", c{i} AS (SELECT x FROM c{})", i - 1)).collect();
+            format!("WITH c0 AS (SELECT 1 AS x){ctes} SELECT * FROM c{}", n - 1)
+        };
+        let e = checked(&chain(8000)).unwrap_err().to_string();
+        assert!(e.contains("8000 CTEs"), "{e}");
+        checked(&chain(200)).unwrap();
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub struct QueryStats {
     closed: Mutex<std::collections::VecDeque<String>>,
     /// How the result cache served the query (`hit`, `miss`, `bypass`, `off`).
     result_cache: OnceLock<&'static str>,
+    /// Why skiff ended the query while its consumer was away (the error's code): a stalled
+    /// client is told nothing more, so this is what its log line says.
+    ended: OnceLock<&'static str>,
 }
 
 impl QueryStats {
@@ -92,6 +95,14 @@ impl QueryStats {
 
     pub fn files_pruned(&self) -> u64 {
         self.files_total.load(Ordering::Relaxed).saturating_sub(self.files_planned())
+    }
+
+    pub fn set_ended(&self, code: &'static str) {
+        let _ = self.ended.set(code);
+    }
+
+    pub fn ended(&self) -> Option<&'static str> {
+        self.ended.get().copied()
     }
 
     pub fn set_result_cache(&self, how: &'static str) {

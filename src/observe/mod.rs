@@ -174,7 +174,10 @@ impl Drop for QueryLog {
     fn drop(&mut self) {
         if !self.done {
             self.done = true;
-            self.emit("cancelled", None);
+            // Ended by skiff while its client was away (a stall, the deadline), or by the
+            // client going away.
+            let outcome = self.running.stats.get().and_then(|s| s.ended()).unwrap_or("cancelled");
+            self.emit(outcome, None);
         }
     }
 }

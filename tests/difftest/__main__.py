@@ -173,7 +173,8 @@ class Runner:
             elif not same:
                 o.kind, o.oracle, o.why = "mismatch", "a", f"answers differ: {why}"
         elif a_on.ok != d.ok:
-            reason = known.duck_error_reason(d.message) if a_on.ok else None
+            reason = (known.duck_error_reason(d.message) if a_on.ok
+                      else known.skiff_error_reason(a_on.status, a_on.message))
             if a_on.ok and d.code == "timeout":
                 reason = "duckdb_timeout"
             if reason:
@@ -282,7 +283,7 @@ class Runner:
                 same, why = compare(a_on.rows, d.rows, Spec(spec.order, spec.limit, spec.tol, True))
                 if not same:
                     o.kind, o.oracle, o.why = "mismatch", "a", f"answers differ: {why}"
-            elif a_on.ok != d.ok:
+            elif a_on.ok != d.ok and not (d.ok and known.skiff_error_reason(a_on.status, a_on.message)):
                 o.kind, o.oracle, o.why = "mismatch", "a", f"error on one side: {a_on.brief(150)} / {d.brief(150)}"
         return o
 

@@ -4,12 +4,17 @@
 //! optimizations and have no off switch.
 
 mod aggregate_filters;
+mod grouping_sets;
 mod json_nulls;
 mod lead_lag;
 mod leaf_projections;
 mod min_max;
+mod nan_sums;
 mod ntile;
 mod ordered_aggregates;
+mod round;
+mod sorts_for_merges;
+mod string_agg;
 
 use std::sync::Arc;
 
@@ -23,16 +28,23 @@ use datafusion::optimizer::AnalyzerRule;
 use datafusion::prelude::SessionContext;
 
 pub use aggregate_filters::FilterNullsAreFalse;
+pub use grouping_sets::{DistinctGroupingSets, NullableGroupingSets};
 pub use json_nulls::null_args_as_strings;
 pub use leaf_projections::NotOverUnions;
 pub use ordered_aggregates::OrderInsensitiveAggregates;
+pub use sorts_for_merges::SortsForMerges;
 
 /// The analyzer rules that fix plans; `skiff_count` is the `count` skiff registers in place of
 /// DataFusion's, if any.
 pub fn analyzer_rules(skiff_count: Option<Arc<AggregateUDF>>) -> Vec<Arc<dyn AnalyzerRule + Send + Sync>> {
-    let mut replaced: Vec<Arc<AggregateUDF>> = min_max::min_and_max().into_iter().map(Arc::new).collect();
+    let mut replaced: Vec<Arc<AggregateUDF>> =
+        min_max::min_and_max().into_iter().chain(nan_sums::sum_and_avg()).map(Arc::new).collect();
     replaced.extend(skiff_count);
-    vec![Arc::new(FilterNullsAreFalse), Arc::new(OrderInsensitiveAggregates::new(replaced))]
+    vec![
+        Arc::new(DistinctGroupingSets),
+        Arc::new(FilterNullsAreFalse),
+        Arc::new(OrderInsensitiveAggregates::new(replaced)),
+    ]
 }
 
 /// Registers the functions that replace DataFusion's wrong ones.
@@ -41,7 +53,9 @@ pub fn register(ctx: &mut SessionContext) -> Result<()> {
         ctx.register_udwf(Arc::new(WindowUDF::new_from_impl(lead_lag::LeadLag { shift, lag })))?;
     }
     ctx.register_udwf(Arc::new(ntile::ntile()))?;
-    for f in min_max::min_and_max() {
+    ctx.register_udf(Arc::new(round::round()))?;
+    ctx.register_udaf(Arc::new(string_agg::string_agg()))?;
+    for f in min_max::min_and_max().into_iter().chain(nan_sums::sum_and_avg()) {
         ctx.register_udaf(Arc::new(f))?;
     }
     Ok(())
