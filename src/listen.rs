@@ -262,5 +262,5 @@ pub fn raise_open_files() -> u64 {
             }
         }
     }
-    limit.rlim_cur as u64
+    limit.rlim_cur
 }

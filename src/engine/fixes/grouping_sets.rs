@@ -111,7 +111,7 @@ impl PhysicalOptimizerRule for NullableGroupingSets {
                 .downcast_ref::<AggregateExec>()
                 .is_some_and(|a| a.group_expr().has_grouping_set());
             Ok(if grouping_sets {
-                Transformed::yes(NullableGroups::new(node))
+                Transformed::yes(NullableGroups::over(node))
             } else {
                 Transformed::no(node)
             })
@@ -136,7 +136,7 @@ pub struct NullableGroups {
 }
 
 impl NullableGroups {
-    fn new(input: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+    fn over(input: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(input.schema()),
             input.properties().partitioning.clone(),
@@ -179,7 +179,7 @@ impl ExecutionPlan for NullableGroups {
         mut children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         match children.len() {
-            1 => Ok(NullableGroups::new(children.swap_remove(0))),
+            1 => Ok(NullableGroups::over(children.swap_remove(0))),
             _ => Err(DataFusionError::Internal("NullableGroups has one child".into())),
         }
     }
