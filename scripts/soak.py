@@ -173,7 +173,7 @@ def main():
                        for _ in range(2)]
             for c in stalled:
                 c.recv(64)  # the status line; then nothing more is read
-            stats.add(stats.attacks, f"spill past the cap: {post(base, 'SELECT * FROM glass.events ORDER BY props DESC, url, event_id')}")
+            stats.add(stats.attacks, f"a sort that may spill: {post(base, 'SELECT * FROM glass.events ORDER BY props DESC, url, event_id')}")
             time.sleep(8)  # past every client timeout: the server lets them go
             closed = 0
             for c in half:

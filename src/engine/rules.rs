@@ -212,6 +212,8 @@ fn physical(off: &Disabled) -> Vec<PhysicalRule> {
         rules.push(Arc::new(window::WholePartitionWindows));
     }
     rules.push(Arc::new(FilterPushdown::new_post_optimization()));
+    // Fixes (no off switch), once the plan's joins and sorts are final.
+    rules.push(Arc::new(super::fixes::CompactJoinBuilds));
     rules.push(Arc::new(super::fixes::SortsForMerges));
     rules.push(Arc::new(SanityCheckPlan::new()));
     let last: [(&str, PhysicalRule); 5] = [
@@ -275,7 +277,9 @@ mod tests {
         let ours: Vec<String> = physical(&Disabled::all())
             .iter()
             .map(|r| r.name().to_string())
-            .filter(|n| !["nullable_grouping_sets", "sorts_for_merges"].contains(&n.as_str()))
+            .filter(|n| {
+                !["nullable_grouping_sets", "compact_join_builds", "sorts_for_merges"].contains(&n.as_str())
+            })
             .collect();
         let theirs = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
         assert_eq!(ours, names(theirs.iter().map(|r| r.name()).collect()));

@@ -13,20 +13,31 @@ use datafusion::prelude::SessionContext;
 use super::rules::Disabled;
 
 /// skiff's session with 4 partitions, a memory pool of `memory` bytes and the `disabled`
-/// rules off, with `tables` registered (each split into batches of at most `batch` rows over
-/// the 4 partitions, so plans exchange rows as they do over a lake).
+/// rules off, with `tables` registered (each split into batches of at most 1,000 rows over
+/// the partitions, so plans exchange rows as they do over a lake).
 pub fn session(disabled: &Disabled, memory: usize, tables: &[(&str, RecordBatch)]) -> SessionContext {
+    session_on(4, disabled, memory, tables)
+}
+
+/// [`session`] with `partitions` partitions (one is what a container of less than a vCPU gets).
+pub fn session_on(
+    partitions: usize,
+    disabled: &Disabled,
+    memory: usize,
+    tables: &[(&str, RecordBatch)],
+) -> SessionContext {
     let runtime =
         RuntimeEnvBuilder::new().with_memory_pool(Arc::new(FairSpillPool::new(memory))).build_arc().unwrap();
-    let config = super::session_config().with_target_partitions(4).with_batch_size(1024);
+    let config = super::session_config().with_target_partitions(partitions).with_batch_size(1024);
     let ctx = super::session(config, runtime, disabled).unwrap();
     for (name, batch) in tables {
-        let mut partitions = vec![Vec::new(); 4];
+        let mut partitions = vec![Vec::new(); partitions];
         let mut at = 0;
         let mut i = 0;
         while at < batch.num_rows() {
             let len = (batch.num_rows() - at).min(1000);
-            partitions[i % 4].push(batch.slice(at, len));
+            let n = partitions.len();
+            partitions[i % n].push(batch.slice(at, len));
             at += len;
             i += 1;
         }

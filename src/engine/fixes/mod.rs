@@ -5,6 +5,7 @@
 
 mod aggregate_filters;
 mod grouping_sets;
+mod join_builds;
 mod json_nulls;
 mod lead_lag;
 mod leaf_projections;
@@ -29,6 +30,7 @@ use datafusion::prelude::SessionContext;
 
 pub use aggregate_filters::FilterNullsAreFalse;
 pub use grouping_sets::{DistinctGroupingSets, NullableGroupingSets};
+pub use join_builds::CompactJoinBuilds;
 pub use json_nulls::null_args_as_strings;
 pub use leaf_projections::NotOverUnions;
 pub use ordered_aggregates::OrderInsensitiveAggregates;
