@@ -154,8 +154,10 @@ impl Disk {
         std::fs::create_dir_all(dir)?;
         for entry in std::fs::read_dir(dir)? {
             let path = entry?.path();
-            let pid =
-                path.file_name().and_then(|n| n.to_str()?.strip_prefix(DIR_PREFIX)?.parse::<u32>().ok());
+            // `skiff-<pid>`, or `skiff-<pid>.gone` left by a removal that did not finish.
+            let pid = path
+                .file_name()
+                .and_then(|n| n.to_str()?.strip_prefix(DIR_PREFIX)?.split('.').next()?.parse::<u32>().ok());
             if let Some(pid) = pid
                 && (pid == std::process::id() || !alive(pid))
             {
@@ -204,11 +206,14 @@ fn alive(pid: u32) -> bool {
 }
 
 impl Drop for Disk {
-    /// A chunk write still in flight can land while the folder is being emptied, which makes
-    /// removing it fail; once the folder is gone such writes fail instead, so a few tries do.
+    /// A chunk write still in flight could land while the folder is being emptied and make
+    /// removing it fail. Renamed first, the folder no longer has the path those writes create
+    /// their files under, so they fail and nothing new lands in it while it is removed.
     fn drop(&mut self) {
+        let gone = self.dir.with_extension("gone");
+        let dir = if std::fs::rename(&self.dir, &gone).is_ok() { gone } else { self.dir.clone() };
         for _ in 0..8 {
-            match std::fs::remove_dir_all(&self.dir) {
+            match std::fs::remove_dir_all(&dir) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => continue,
                 _ => break,
             }
