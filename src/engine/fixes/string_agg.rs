@@ -58,3 +58,29 @@ impl AggregateUDFImpl for NotReversed {
         self.0.documentation()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{RecordBatch, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+
+    use crate::engine::testing::on_and_off;
+
+    /// `string_agg(… ORDER BY … DESC)` over input sorted ascending (a sorted CTE read twice)
+    /// answers in descending order, with skiff's rules and without.
+    #[tokio::test]
+    async fn an_ordered_string_agg_over_input_sorted_the_other_way() {
+        let names = ["AE", "AR", "BR", "DE", "US", "ZA"];
+        let countries = StringArray::from_iter_values((0..6000).map(|i| names[i % 6]));
+        let schema = Arc::new(Schema::new(vec![Field::new("country", DataType::Utf8, false)]));
+        let events = RecordBatch::try_new(schema, vec![Arc::new(countries)]).unwrap();
+        let sql = "WITH c AS (SELECT country FROM e ORDER BY 1 LIMIT 5000) \
+                   SELECT (SELECT count(*) FROM c) AS n, \
+                   (SELECT substr(string_agg(country, '' ORDER BY country DESC), 1, 6) FROM c) AS s";
+        let (on, off) = on_and_off(&[("e", events)], sql).await;
+        assert!(off.contains("| 5000 | USUSUS |"), "{off}");
+        assert_eq!(on, off);
+    }
+}
