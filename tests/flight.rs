@@ -369,37 +369,58 @@ fn limits_apply_as_over_http() {
     let s = Server::start(Opts {
         args: [
             lake_args(dir.path()),
-            vec!["--max-concurrent-queries".into(), "1".into(), "--max-queued-queries".into(), "0".into()],
+            ["--max-concurrent-queries", "1", "--max-queued-queries", "0", "--write-timeout", "3s"]
+                .map(String::from)
+                .to_vec(),
         ]
         .concat(),
         ..Default::default()
     });
     rt().block_on(async {
         let (mut c, auth) = raw(&s, Some(TOKEN)).await;
-        // A big result left unread keeps its slot (HTTP/2 flow control stops the server).
-        let info = c
-            .get_flight_info(req(statement("SELECT * FROM glass.events, (SELECT 1) t"), &auth))
-            .await
-            .unwrap()
-            .into_inner();
-        let ticket = info.endpoint[0].ticket.clone().unwrap();
+        let (mut c2, _) = raw(&s, Some(TOKEN)).await;
+        let frees = |c2: &mut FlightServiceClient<Channel>, within: Duration| {
+            let mut c2 = c2.clone();
+            let auth = auth.clone();
+            async move {
+                let t = std::time::Instant::now();
+                while t.elapsed() < within {
+                    // Planning takes a slot too: GetFlightInfo is refused while it is held.
+                    if let Ok(info) = c2.get_flight_info(req(statement("SELECT 1 AS x"), &auth)).await {
+                        let ticket = info.into_inner().endpoint[0].ticket.clone().unwrap();
+                        if do_get_code(&mut c2, &auth, ticket).await == Code::Ok {
+                            return true;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                false
+            }
+        };
+        // A big result left unread holds its slot (HTTP/2 flow control stops the server) until
+        // its writes have waited --write-timeout: then the query is cancelled and the slot
+        // frees, while the client still holds the stream open.
+        let big = "SELECT * FROM glass.events, (SELECT 1) t";
+        let ticket = ticket_for(big, &mut c, &auth).await;
+        let mut stalled = c.do_get(req(ticket.clone(), &auth)).await.unwrap().into_inner();
+        let _first = stalled.message().await.unwrap();
+        assert_eq!(do_get_code(&mut c2, &auth, ticket.clone()).await, Code::ResourceExhausted);
+        assert!(frees(&mut c2, Duration::from_secs(20)).await, "the slot was not freed:\n{}", s.log_text());
+        // Its log line, written when the stream goes, says why it ended.
+        drop(stalled);
+        eventually(10, || {
+            let log = s.log_text();
+            log.lines().any(|l| l.contains("flight:statement") && l.contains("client_stalled")).then_some(())
+        });
+
+        let ticket = ticket_for(big, &mut c, &auth).await;
         let mut held = c.do_get(req(ticket.clone(), &auth)).await.unwrap().into_inner();
         let _first = held.message().await.unwrap();
-        let (mut c2, _) = raw(&s, Some(TOKEN)).await;
         assert_eq!(do_get_code(&mut c2, &auth, ticket.clone()).await, Code::ResourceExhausted);
         // The client goes away: its query is cancelled and the slot frees.
         drop(held);
         drop(c);
-        let mut ok = false;
-        for _ in 0..100 {
-            let t = ticket_for("SELECT 1 AS x", &mut c2, &auth).await;
-            if c2.do_get(req(t, &auth)).await.is_ok() {
-                ok = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert!(ok, "the slot was not freed:\n{}", s.log_text());
+        assert!(frees(&mut c2, Duration::from_secs(5)).await, "the slot was not freed:\n{}", s.log_text());
         eventually(10, || {
             s.log_text()
                 .lines()

@@ -36,6 +36,9 @@ fn values_plans_and_grouping_sets_beyond_their_bounds_are_refused() {
         .collect();
     let linear: String = (1..8_000).map(|i| format!(", c{i} AS (SELECT x FROM c{})", i - 1)).collect();
     let from: Vec<String> = (0..1_000).map(|i| format!("(VALUES (1)) AS v{i}")).collect();
+    // Each CTE doubles the one before: 2^40 events' worth of bytes.
+    let concat: String =
+        (1..=40).map(|i| format!(", c{i} AS (SELECT s || s AS s FROM c{})", i - 1)).collect();
     let cube: Vec<String> = (0..24).map(|i| format!("(event_id || '{i}')")).collect();
     let cases = [
         ("SELECT cardinality(array_repeat(1, 1000000000000))".to_string(), "--max-array-length"),
@@ -53,6 +56,12 @@ fn values_plans_and_grouping_sets_beyond_their_bounds_are_refused() {
         (format!("WITH c0 AS (SELECT 1 AS x){doubling} SELECT count(*) FROM c22"), "--max-plan-nodes"),
         (format!("WITH c0 AS (SELECT 1 AS x){linear} SELECT * FROM c7999"), "8000 CTEs"),
         (format!("SELECT 1 FROM {}", from.join(", ")), "at most 256"),
+        (
+            format!(
+                "WITH c0 AS (SELECT event AS s FROM glass.events){concat} SELECT max(length(s)) FROM c40"
+            ),
+            "|| would return",
+        ),
     ];
     for (sql, says) in &cases {
         let t = Instant::now();

@@ -214,6 +214,7 @@ fn physical(off: &Disabled) -> Vec<PhysicalRule> {
     rules.push(Arc::new(FilterPushdown::new_post_optimization()));
     // Fixes (no off switch), once the plan's joins and sorts are final.
     rules.push(Arc::new(super::fixes::CompactJoinBuilds));
+    rules.push(Arc::new(super::fixes::CountWholeWindows));
     rules.push(Arc::new(super::fixes::SortsForMerges));
     rules.push(Arc::new(SanityCheckPlan::new()));
     let last: [(&str, PhysicalRule); 5] = [
@@ -278,7 +279,8 @@ mod tests {
             .iter()
             .map(|r| r.name().to_string())
             .filter(|n| {
-                !["nullable_grouping_sets", "compact_join_builds", "sorts_for_merges"].contains(&n.as_str())
+                !["nullable_grouping_sets", "compact_join_builds", "count_whole_windows", "sorts_for_merges"]
+                    .contains(&n.as_str())
             })
             .collect();
         let theirs = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;

@@ -16,6 +16,7 @@ mod ordered_aggregates;
 mod round;
 mod sorts_for_merges;
 mod string_agg;
+mod window_memory;
 
 use std::sync::Arc;
 
@@ -35,6 +36,7 @@ pub use json_nulls::null_args_as_strings;
 pub use leaf_projections::NotOverUnions;
 pub use ordered_aggregates::OrderInsensitiveAggregates;
 pub use sorts_for_merges::SortsForMerges;
+pub use window_memory::CountWholeWindows;
 
 /// The analyzer rules that fix plans; `skiff_count` is the `count` skiff registers in place of
 /// DataFusion's, if any.
@@ -65,7 +67,10 @@ pub fn register(ctx: &mut SessionContext) -> Result<()> {
 
 /// `plan` with every expression in it (subqueries too) rewritten by `rewrite`, bottom up; a
 /// rewritten expression keeps its name, so nothing above it changes.
-fn rewrite_calls(plan: LogicalPlan, rewrite: impl Fn(Expr) -> Transformed<Expr>) -> Result<LogicalPlan> {
+pub(super) fn rewrite_calls(
+    plan: LogicalPlan,
+    rewrite: impl Fn(Expr) -> Transformed<Expr>,
+) -> Result<LogicalPlan> {
     plan.transform_up_with_subqueries(|node| {
         let names = NamePreserver::new(&node);
         node.map_expressions(|e| {
