@@ -22,7 +22,7 @@ use tokio::sync::OnceCell;
 use super::data_cache::DataCache;
 use super::file_stats::SnapshotFiles;
 use super::manifest::{self, FileEntry};
-use super::row_filter::Sample;
+use super::row_filter::{Sample, SampleKey};
 use crate::observe::metrics;
 
 /// Manifests and manifest lists kept, by count (one is a few KiB per data file it lists).
@@ -57,7 +57,7 @@ pub struct Caches {
     footers: moka::future::Cache<String, Arc<ParquetMetaData>>,
     footer_loads: InFlight<String, Arc<ParquetMetaData>>,
     /// (file, filter, columns) → what a sample of the file says about the filter.
-    selectivities: moka::future::Cache<String, Sample>,
+    selectivities: moka::future::Cache<SampleKey, Sample>,
     /// Data-file bytes from remote stores, when configured.
     pub data: Option<Arc<DataCache>>,
 }
@@ -171,7 +171,7 @@ impl Caches {
         self.footers.weighted_size() >= FOOTER_BYTES / 2
     }
 
-    pub async fn selectivity(&self, key: &str) -> Option<Sample> {
+    pub async fn selectivity(&self, key: &SampleKey) -> Option<Sample> {
         let hit = self.selectivities.get(key).await;
         if hit.is_some() {
             metrics::cache_hit("selectivity")
@@ -181,7 +181,7 @@ impl Caches {
         hit
     }
 
-    pub async fn put_selectivity(&self, key: String, sample: Sample) {
+    pub async fn put_selectivity(&self, key: SampleKey, sample: Sample) {
         self.selectivities.insert(key, sample).await;
     }
 }

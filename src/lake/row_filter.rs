@@ -9,10 +9,9 @@
 //! so the measurement is cached per file, filter and columns. Filters that arrive during
 //! execution (top-k bounds, join keys) always go into the row filter (`DynamicRowFilters`).
 //! The sample also measures each condition alone, and the row filter tests the one that keeps
-//! the fewest rows first (`SelectiveFirst`).
+//! the fewest rows first (`SelectiveFirst`); the shares travel in the scan's planned files.
 
-use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::Arc;
 
 use arrow::array::{Array, BooleanArray};
 use arrow::compute::{cast, concat_batches};
@@ -43,7 +42,7 @@ use parquet::arrow::ParquetRecordBatchStreamBuilder;
 use parquet::arrow::ProjectionMask;
 
 use super::cache::Caches;
-use super::scan::{CountingReader, with_parquet_source};
+use super::scan::{CountingReader, PlannedFile, with_parquet_source};
 
 /// A row filter pays when its filter keeps at most this share of the rows…
 const SELECTIVE: f64 = 0.1;
@@ -62,9 +61,15 @@ pub struct Sample {
     share: f64,
     /// Bytes of the scan's other columns over bytes of the filter's columns (uncompressed).
     width: f64,
-    /// Each of the filter's conditions, as the scan shows it, with the share it keeps alone.
-    conditions: Arc<[(String, f64)]>,
+    /// Each of the filter's conditions, over the table's columns, with the share it keeps alone.
+    conditions: Shares,
 }
+
+/// What a [`Sample`] was measured for: the sampled file, the scan's filter and its columns.
+pub type SampleKey = (String, Expr, Vec<String>);
+
+/// Conditions over a table's columns, each with the share of a sample's rows it keeps alone.
+pub type Shares = Arc<[(Arc<dyn PhysicalExpr>, f64)]>;
 
 impl Sample {
     fn whole(width: f64) -> Self {
@@ -72,24 +77,10 @@ impl Sample {
     }
 }
 
-/// The share of sampled rows each scan condition keeps, by the condition as the scan's
-/// predicate shows it (`event@4 = purchase`), for [`SelectiveFirst`]. A condition shared by
-/// two tables keeps the last share measured: that only changes an order, never an answer.
-static SHARES: LazyLock<Mutex<HashMap<String, f64>>> = LazyLock::new(Default::default);
-/// Conditions remembered before the map starts over.
-const MAX_SHARES: usize = 10_000;
-
-fn remember(conditions: &[(String, f64)]) {
-    let mut shares = SHARES.lock().unwrap_or_else(|e| e.into_inner());
-    if shares.len() + conditions.len() > MAX_SHARES {
-        shares.clear();
-    }
-    shares.extend(conditions.iter().cloned());
-}
-
 /// Whether the scan of `projected` columns with `filters` should filter rows while decoding,
-/// judged on the planned file with the most rows. Any failure (an unreadable sample, a filter
-/// that does not evaluate on it) means no row filter: this only ever changes speed.
+/// judged on the planned file with the most rows, and the share each condition kept there.
+/// Any failure (an unreadable sample, a filter that does not evaluate on it) means no row
+/// filter and no shares: this only ever changes speed.
 pub async fn pays(
     state: &dyn Session,
     schema: &SchemaRef,
@@ -98,15 +89,16 @@ pub async fn pays(
     tasks: &[FileScanTask],
     caches: &Arc<Caches>,
     open: impl FnOnce(&FileScanTask) -> iceberg::Result<CountingReader>,
-) -> bool {
+) -> (bool, Shares) {
+    let none = || (false, Shares::from([]));
     let Some(predicate) = conjunction_expr(filters.iter().cloned()) else {
-        return false;
+        return none();
     };
     let Some(file) = tasks.iter().max_by_key(|t| t.record_count.unwrap_or(0)) else {
-        return false;
+        return none();
     };
     let names: Vec<&str> = projected.fields().iter().map(|f| f.name().as_str()).collect();
-    let key = format!("{}\n{predicate}\n{}", file.data_file_path, names.join(","));
+    let key = (file.data_file_path.clone(), predicate.clone(), names.iter().map(|n| n.to_string()).collect());
     let sample = match caches.selectivity(&key).await {
         Some(s) => s,
         None => match measure(state, schema, &names, &predicate, open(file)).await {
@@ -116,13 +108,12 @@ pub async fn pays(
             }
             Err(e) => {
                 tracing::debug!(error = %e, "no selectivity sample; reading without a row filter");
-                return false;
+                return none();
             }
         },
     };
     tracing::debug!(?sample, %predicate, "row filter sample");
-    remember(&sample.conditions);
-    sample.share <= SELECTIVE && sample.width >= WIDER
+    (sample.share <= SELECTIVE && sample.width >= WIDER, sample.conditions)
 }
 
 /// Evaluates `predicate` on the sample file's first rows, and weighs its columns.
@@ -194,8 +185,8 @@ async fn measure(
     let conditions = split_conjunction_expr(predicate)
         .into_iter()
         .filter_map(|c| {
-            let shown = state.create_physical_expr(c.clone(), &table).ok()?.to_string();
-            Some((shown, share(&state.create_physical_expr(c.clone(), &sampled).ok()?).ok()?))
+            let over_table = state.create_physical_expr(c.clone(), &table).ok()?;
+            Some((over_table, share(&state.create_physical_expr(c.clone(), &sampled).ok()?).ok()?))
         })
         .collect::<Vec<_>>();
     Ok(Sample { share: share(&evaluate)?, width, conditions: conditions.into() })
@@ -207,7 +198,9 @@ async fn measure(
 /// `breakdown` (`project_id = 'proj_alpha' AND event = 'purchase'`, a third and 2% of the
 /// rows) testing the event first made the query 1.6× faster: the project is then decoded for
 /// 2% of the rows instead of the event for a third. Conditions never measured (a dynamic
-/// filter) come after those that were, in their order.
+/// filter) come after those that were, in their order. The shares come with the scan: its
+/// planned files carry what its sample measured ([`PlannedFile`]), so one query's order
+/// depends on its own tables' data only.
 #[derive(Debug, Default)]
 pub struct SelectiveFirst;
 
@@ -218,13 +211,16 @@ impl PhysicalOptimizerRule for SelectiveFirst {
         _config: &ConfigOptions,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
         plan.transform_up(|node| {
+            let Some(shares) = PlannedFile::shares_of(&node) else {
+                return Ok(Transformed::no(node));
+            };
             let ordered = with_parquet_source(&node, |source| {
                 let options = &source.table_parquet_options().global;
                 if !options.pushdown_filters || !options.reorder_filters {
                     return None;
                 }
-                let shares = SHARES.lock().unwrap_or_else(|e| e.into_inner());
-                let ordered = selective_first(&source.filter()?, |c| shares.get(c).copied())?;
+                let share = |c: &Arc<dyn PhysicalExpr>| shares.iter().find(|(e, _)| e == c).map(|(_, s)| *s);
+                let ordered = selective_first(&source.filter()?, share)?;
                 Some(source.with_predicate(ordered).with_reorder_filters(false))
             });
             Ok(match ordered {
@@ -248,13 +244,13 @@ impl PhysicalOptimizerRule for SelectiveFirst {
 /// ties in their order); `None` when fewer than two conditions or none with a known share.
 fn selective_first(
     predicate: &Arc<dyn PhysicalExpr>,
-    share: impl Fn(&str) -> Option<f64>,
+    share: impl Fn(&Arc<dyn PhysicalExpr>) -> Option<f64>,
 ) -> Option<Arc<dyn PhysicalExpr>> {
     let conditions = split_conjunction(predicate);
     let mut ranked: Vec<(f64, usize, Arc<dyn PhysicalExpr>)> = conditions
         .iter()
         .enumerate()
-        .map(|(i, c)| (share(&c.to_string()).unwrap_or(f64::INFINITY), i, Arc::clone(c)))
+        .map(|(i, c)| (share(c).unwrap_or(f64::INFINITY), i, Arc::clone(c)))
         .collect();
     if ranked.len() < 2 || ranked.iter().all(|r| r.0.is_infinite()) {
         return None;
@@ -324,12 +320,12 @@ fn fold(filter: &FilterExec, scan: Arc<dyn ExecutionPlan>) -> DFResult<Option<Ar
     let Some(predicate) = source.filter() else {
         return Ok(None);
     };
-    let held: Vec<String> = split_conjunction(&predicate).iter().map(|c| c.to_string()).collect();
+    let held = split_conjunction(&predicate);
     for condition in split_conjunction(filter.predicate()) {
         let Ok(condition) = reassign_expr_columns(condition.clone(), table) else {
             return Ok(None);
         };
-        if !held.contains(&condition.to_string()) {
+        if !held.iter().any(|h| *h == &condition) {
             return Ok(None);
         }
     }
@@ -362,14 +358,18 @@ mod tests {
         let (project, event) = (eq("project", "alpha"), eq("event", "purchase"));
         let n = binary(col("n", &schema).unwrap(), Operator::Gt, lit(1i64), &schema).unwrap();
         let predicate = conjunction([project.clone(), n.clone(), event.clone()]);
-        let shares: HashMap<String, f64> =
-            [(project.to_string(), 0.33), (event.to_string(), 0.02)].into_iter().collect();
-        let ordered = selective_first(&predicate, |c| shares.get(c).copied()).expect("reordered");
+        // Measured on an equal condition built anew: matched by structure, not by identity.
+        let shares: Shares = [(eq("project", "alpha"), 0.33), (eq("event", "purchase"), 0.02)].into();
+        let share = |c: &Arc<dyn PhysicalExpr>| shares.iter().find(|(e, _)| e == c).map(|(_, s)| *s);
+        let ordered = selective_first(&predicate, share).expect("reordered");
         // The measured ones by share, then the unmeasured one.
-        assert_eq!(ordered.to_string(), conjunction([event.clone(), project.clone(), n.clone()]).to_string());
+        assert_eq!(split_conjunction(&ordered), [&event, &project, &n]);
         // Equal shares keep their order.
-        let ordered = selective_first(&predicate, |c| (c != n.to_string()).then_some(0.5)).unwrap();
-        assert_eq!(ordered.to_string(), conjunction([project.clone(), event.clone(), n.clone()]).to_string());
+        let ordered = selective_first(&predicate, |c| (c != &n).then_some(0.5)).unwrap();
+        assert_eq!(split_conjunction(&ordered), [&project, &event, &n]);
+        // A condition that differs only in a literal's value is not the measured one.
+        let other = conjunction([eq("project", "beta"), eq("event", "purchase")]);
+        assert_eq!(split_conjunction(&selective_first(&other, share).unwrap())[0], &eq("event", "purchase"));
         // Nothing measured, or a single condition: left to DataFusion.
         assert!(selective_first(&predicate, |_| None).is_none());
         assert!(selective_first(&event, |_| Some(0.1)).is_none());

@@ -129,13 +129,17 @@ pub async fn scan(
         stats: stats.clone(),
         caches: caches.clone(),
     });
-    let row_filter = options.measured_row_filters
-        && row_filter::pays(state, schema, &projected, filters, &tasks, caches, |t| {
-            factory.open(t.data_file_path.clone(), t.file_size_in_bytes)
-        })
-        .await;
+    let (row_filter, shares) = match options.measured_row_filters {
+        true => {
+            row_filter::pays(state, schema, &projected, filters, &tasks, caches, |t| {
+                factory.open(t.data_file_path.clone(), t.file_size_in_bytes)
+            })
+            .await
+        }
+        false => (false, row_filter::Shares::from([])),
+    };
     let files = files.as_deref().filter(|_| options.statistics);
-    let scan = ParquetScan { schema, files, factory, row_filter, exact_rows: options.statistics };
+    let scan = ParquetScan { schema, files, factory, row_filter, shares, exact_rows: options.statistics };
     scan.build(state, projection, limit, tasks)
 }
 
@@ -351,6 +355,8 @@ struct ParquetScan<'a> {
     factory: Arc<FileIoReaderFactory>,
     /// Whether the scan's own filters are applied while decoding (see `row_filter`).
     row_filter: bool,
+    /// What the sample measured of each of the scan's conditions, for `SelectiveFirst`.
+    shares: row_filter::Shares,
     /// Whether the planned files' row counts are given to DataFusion as exact.
     exact_rows: bool,
 }
@@ -391,7 +397,7 @@ impl ParquetScan<'_> {
                 Precision::Absent
             }),
         };
-        let groups = split_into_groups(&tasks, partitions, file_cost, self.files);
+        let groups = split_into_groups(&tasks, partitions, file_cost, self.files, &self.shares);
 
         let mut options = TableParquetOptions {
             global: state.config_options().execution.parquet.clone(),
@@ -454,6 +460,7 @@ fn split_into_groups(
     n: usize,
     per_file: u64,
     files: Option<&SnapshotFiles>,
+    shares: &row_filter::Shares,
 ) -> Vec<FileGroup> {
     let total: u64 = tasks.iter().map(|t| t.length).sum();
     let share = total.div_ceil(n.max(1) as u64).max(MIN_RANGE);
@@ -461,7 +468,7 @@ fn split_into_groups(
     for t in tasks {
         let end = t.start + t.length;
         if t.length <= share {
-            let mut f = partitioned_file(t, t.start..end);
+            let mut f = partitioned_file(t, t.start..end, shares);
             if let Some(st) = files.filter(|_| whole_file(t)).and_then(|files| files.get(&t.data_file_path)) {
                 f = f.with_statistics(st.clone());
             }
@@ -471,7 +478,7 @@ fn split_into_groups(
         let mut at = t.start;
         while at < end {
             let to = (at + share).min(end);
-            pieces.push(partitioned_file(t, at..to));
+            pieces.push(partitioned_file(t, at..to, shares));
             at = to;
         }
     }
@@ -511,9 +518,29 @@ fn newest_first(files: &mut [PartitionedFile]) {
     files.sort_by_cached_key(|f| std::cmp::Reverse(newest(f)));
 }
 
+/// What skiff keeps with each planned file (in `PartitionedFile::extensions`): where it really
+/// is, and what the scan's sample measured of its conditions.
+#[derive(Debug)]
+pub struct PlannedFile {
+    /// The Iceberg location, which the reader factory opens.
+    location: String,
+    shares: row_filter::Shares,
+}
+
+impl PlannedFile {
+    /// The condition shares `plan`'s files carry, if it is one of skiff's Parquet scans.
+    pub fn shares_of(plan: &Arc<dyn ExecutionPlan>) -> Option<row_filter::Shares> {
+        let exec = plan.as_any().downcast_ref::<DataSourceExec>()?;
+        let (config, _) = exec.downcast_to_file_source::<ParquetSource>()?;
+        let file = config.file_groups.iter().flat_map(|g| g.iter()).next()?;
+        let planned = file.extensions.as_ref()?.downcast_ref::<PlannedFile>()?;
+        Some(Arc::clone(&planned.shares))
+    }
+}
+
 /// A planned file (or a byte range of it) for DataFusion. Its object-store path is only a
 /// label: the reader factory opens the real Iceberg location kept in `extensions`.
-fn partitioned_file(t: &FileScanTask, range: Range<u64>) -> PartitionedFile {
+fn partitioned_file(t: &FileScanTask, range: Range<u64>, shares: &row_filter::Shares) -> PartitionedFile {
     let label = t.data_file_path.split_once("://").map(|(_, p)| p).unwrap_or(&t.data_file_path);
     let mut f = if range.start == 0 && range.end == t.file_size_in_bytes {
         PartitionedFile::new(label.to_string(), t.file_size_in_bytes)
@@ -525,7 +552,8 @@ fn partitioned_file(t: &FileScanTask, range: Range<u64>) -> PartitionedFile {
             range.end as i64,
         )
     };
-    f.extensions = Some(Arc::new(t.data_file_path.clone()));
+    f.extensions =
+        Some(Arc::new(PlannedFile { location: t.data_file_path.clone(), shares: Arc::clone(shares) }));
     f
 }
 
@@ -548,8 +576,8 @@ impl ParquetFileReaderFactory for FileIoReaderFactory {
         let location = file
             .extensions
             .as_ref()
-            .and_then(|e| e.downcast_ref::<String>())
-            .cloned()
+            .and_then(|e| e.downcast_ref::<PlannedFile>())
+            .map(|p| p.location.clone())
             .ok_or_else(|| DataFusionError::Internal("planned file without its location".into()))?;
         self.stats.files_scanned.fetch_add(1, Ordering::Relaxed);
         Ok(Box::new(self.open(location, file.object_meta.size).map_err(ext)?))
@@ -881,7 +909,7 @@ mod tests {
         // By bytes alone, one group would take the large file and the others every small one.
         let mut tasks = vec![task("large", 4 << 20)];
         tasks.extend((0..99).map(|i| task(&format!("small-{i}"), 40 << 10)));
-        let groups = split_into_groups(&tasks, 4, REMOTE_FILE_COST, None);
+        let groups = split_into_groups(&tasks, 4, REMOTE_FILE_COST, None, &row_filter::Shares::from([]));
         let counts: Vec<usize> = groups.iter().map(|g| g.len()).collect();
         assert_eq!(counts.iter().sum::<usize>(), 100, "every file once");
         assert!(counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1, "{counts:?}");
@@ -890,7 +918,8 @@ mod tests {
     #[test]
     fn a_large_file_is_read_in_ranges_by_every_group() {
         let size = 64 << 20;
-        let groups = split_into_groups(&[task("huge", size)], 4, LOCAL_FILE_COST, None);
+        let groups =
+            split_into_groups(&[task("huge", size)], 4, LOCAL_FILE_COST, None, &row_filter::Shares::from([]));
         assert_eq!(groups.len(), 4);
         let mut ranges: Vec<(i64, i64)> = groups
             .iter()
@@ -902,7 +931,13 @@ mod tests {
         assert_eq!(ranges.last().unwrap().1, size as i64);
         assert!(ranges.windows(2).all(|w| w[0].1 == w[1].0), "contiguous: {ranges:?}");
         // A small file stays whole, with no range.
-        let groups = split_into_groups(&[task("small", 1 << 20)], 4, LOCAL_FILE_COST, None);
+        let groups = split_into_groups(
+            &[task("small", 1 << 20)],
+            4,
+            LOCAL_FILE_COST,
+            None,
+            &row_filter::Shares::from([]),
+        );
         assert_eq!(groups.len(), 1);
         assert!(groups[0].iter().all(|f| f.range.is_none()));
     }
