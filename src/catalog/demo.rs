@@ -37,7 +37,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
 use super::{file_url, storage_factory};
-use crate::error::{StartError, StartResult as Result};
+use crate::lake::error::{SetupError, SetupResult as Result};
 
 pub const DEFAULT_EVENTS: u64 = 100_000;
 /// PyIceberg's default catalog name in gen_lake.py, kept so both lakes look alike.
@@ -82,7 +82,7 @@ const IDENTITIES_V1: &[(&str, PrimitiveType, bool)] = &[
 /// Writes the demo lake into `dir` (`catalog.db` + `warehouse/`), replacing one already there.
 pub async fn write(dir: &Path, events: u64) -> Result<()> {
     if events == 0 {
-        return Err(StartError::Msg("--events must be at least 1".into()));
+        return Err(SetupError::Msg("--events must be at least 1".into()));
     }
     if dir.join("catalog.db").exists() {
         std::fs::remove_file(dir.join("catalog.db"))?;

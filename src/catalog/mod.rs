@@ -14,8 +14,7 @@ use iceberg::io::StorageFactory;
 use iceberg::{Catalog, TableIdent};
 use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 
-use crate::config::{ServeConfig, redact_uri};
-use crate::error::StartResult;
+use crate::lake::error::SetupResult;
 
 /// A connected catalog and how to describe it (never with a secret in the description).
 pub struct Connection {
@@ -101,10 +100,27 @@ pub fn default_lake_dir() -> PathBuf {
     PathBuf::from("lake")
 }
 
+/// Where the catalog is and how to reach the storage its tables live on: the server builds
+/// it from its settings, so the lake does not depend on how they are given.
+#[derive(Clone, Default)]
+pub struct CatalogOptions {
+    /// `sqlite://…`, `postgres://…` or a REST catalog's `http(s)://` URL; `None`: the demo lake.
+    pub uri: Option<String>,
+    /// A SQL catalog's name (the one catalog in it when `None`).
+    pub name: Option<String>,
+    /// A path or URL for SQL catalogs; a REST catalog's warehouse name.
+    pub warehouse: Option<String>,
+    pub s3_endpoint: Option<String>,
+    pub s3_region: Option<String>,
+    pub s3_access_key_id: Option<String>,
+    pub s3_secret_access_key: Option<String>,
+    pub s3_path_style: bool,
+}
+
 /// Connects to the configured catalog. With `--demo` (no catalog configured), serves `./lake`,
 /// writing a demo lake there first if it does not exist yet.
-pub async fn connect(cfg: &ServeConfig, token: &Arc<CatalogToken>) -> StartResult<Connection> {
-    match cfg.catalog_uri.as_deref() {
+pub async fn connect(cfg: &CatalogOptions, token: &Arc<CatalogToken>) -> SetupResult<Connection> {
+    match cfg.uri.as_deref() {
         None => {
             let dir = default_lake_dir();
             let db = dir.join("catalog.db");
@@ -118,22 +134,21 @@ pub async fn connect(cfg: &ServeConfig, token: &Arc<CatalogToken>) -> StartResul
             let db = std::fs::canonicalize(&db)?;
             let warehouse = std::fs::canonicalize(dir.join("warehouse"))?;
             let uri = format!("sqlite://{}", db.display());
-            sql::connect(&uri, &file_url(&warehouse), cfg.catalog_name.as_deref(), storage_props(cfg)).await
+            sql::connect(&uri, &file_url(&warehouse), cfg.name.as_deref(), storage_props(cfg)).await
         }
         Some(uri) if uri.starts_with("http://") || uri.starts_with("https://") => {
             rest::connect(uri, cfg.warehouse.as_deref(), token.clone(), storage_props(cfg)).await
         }
         Some(uri) => {
             let warehouse = cfg.warehouse.as_deref().unwrap_or_default();
-            sql::connect(uri, &warehouse_url(warehouse)?, cfg.catalog_name.as_deref(), storage_props(cfg))
-                .await
+            sql::connect(uri, &warehouse_url(warehouse)?, cfg.name.as_deref(), storage_props(cfg)).await
         }
     }
 }
 
 /// Storage properties for `s3://` warehouses configured statically. A REST catalog's vended
 /// credentials arrive per table and need none of these.
-fn storage_props(cfg: &ServeConfig) -> HashMap<String, String> {
+fn storage_props(cfg: &CatalogOptions) -> HashMap<String, String> {
     use iceberg::io::{S3_ACCESS_KEY_ID, S3_ENDPOINT, S3_PATH_STYLE_ACCESS, S3_REGION, S3_SECRET_ACCESS_KEY};
     let mut p = HashMap::new();
     let mut put = |k: &str, v: &Option<String>| {
@@ -173,4 +188,27 @@ pub fn file_url(p: &Path) -> String {
 /// Describes a catalog URI for humans, without credentials.
 fn describe(uri: &str) -> String {
     redact_uri(uri)
+}
+
+/// A URI with any password removed, for messages and logs.
+pub fn redact_uri(uri: &str) -> String {
+    match url::Url::parse(uri) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => uri.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        let r = redact_uri("postgres://user:hunter2@db:5432/cat");
+        assert!(!r.contains("hunter2"), "{r}");
+        assert_eq!(redact_uri("sqlite:///a/b.db"), "sqlite:///a/b.db");
+    }
 }

@@ -27,7 +27,7 @@ use serde::Deserialize;
 use tokio::sync::OnceCell;
 
 use super::{CatalogToken, Connection, PointerError, TablePointers, describe, storage_factory};
-use crate::error::{StartError, StartResult as Result};
+use crate::lake::error::{SetupError, SetupResult as Result};
 
 /// Asks for vended credentials: a table loaded without them could not read its files.
 const ACCESS_DELEGATION: (&str, &str) = ("X-Iceberg-Access-Delegation", "vended-credentials");
@@ -106,7 +106,7 @@ impl RestPointers {
             .timeout(Self::TIMEOUT)
             .connect_timeout(Self::CONNECT_TIMEOUT)
             .build()
-            .map_err(|e| StartError::Msg(format!("building the catalog client: {e}")))?;
+            .map_err(|e| SetupError::Msg(format!("building the catalog client: {e}")))?;
         Ok(Self {
             client,
             token,

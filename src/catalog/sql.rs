@@ -17,7 +17,7 @@ use iceberg_catalog_sql::{
 use sqlx::Row;
 
 use super::{Connection, TablePointers, describe, storage_factory};
-use crate::error::{StartError, StartResult as Result};
+use crate::lake::error::{SetupError, SetupResult as Result};
 
 pub async fn connect(
     uri: &str,
@@ -104,7 +104,7 @@ fn check_sqlite_file(uri: &str) -> Result<()> {
     };
     let path = rest.split('?').next().unwrap_or(rest);
     if !path.is_empty() && path != ":memory:" && !std::path::Path::new(path).exists() {
-        return Err(StartError::Msg(format!("SQLite catalog file not found: {path}")));
+        return Err(SetupError::Msg(format!("SQLite catalog file not found: {path}")));
     }
     Ok(())
 }
@@ -128,10 +128,10 @@ async fn only_catalog_name(uri: &str) -> Result<String> {
     pool.close().await;
     match names.len() {
         1 => Ok(names.remove(0)),
-        0 => Err(StartError::Msg(
+        0 => Err(SetupError::Msg(
             "the SQL catalog holds no catalog yet: set --catalog-name / SKIFF_CATALOG_NAME".into(),
         )),
-        _ => Err(StartError::Msg(format!(
+        _ => Err(SetupError::Msg(format!(
             "the SQL catalog holds several catalogs ({}): choose one with --catalog-name / SKIFF_CATALOG_NAME",
             names.join(", ")
         ))),

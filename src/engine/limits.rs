@@ -25,8 +25,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::SkiffError;
-use crate::observe::metrics;
+use crate::engine::error::QueryError;
+use crate::metrics;
 
 /// Concurrency admission: a query runs with a permit; without one it waits in a bounded
 /// queue for a bounded time, else it is turned away (429) so clients back off.
@@ -56,13 +56,13 @@ impl Admission {
         &self,
         deadline: Instant,
         shutdown: &CancellationToken,
-    ) -> Result<OwnedSemaphorePermit, SkiffError> {
+    ) -> Result<OwnedSemaphorePermit, QueryError> {
         let arrived = Instant::now();
         let got = self.wait(deadline, shutdown).await;
         let outcome = match &got {
             Ok(_) => "admitted",
-            Err(SkiffError::Timeout) => "timeout",
-            Err(SkiffError::ShuttingDown(_)) => "shutting_down",
+            Err(QueryError::Timeout) => "timeout",
+            Err(QueryError::ShuttingDown(_)) => "shutting_down",
             Err(_) => "overloaded",
         };
         metrics::queue_wait(outcome, arrived.elapsed());
@@ -73,13 +73,13 @@ impl Admission {
         &self,
         deadline: Instant,
         shutdown: &CancellationToken,
-    ) -> Result<OwnedSemaphorePermit, SkiffError> {
+    ) -> Result<OwnedSemaphorePermit, QueryError> {
         if let Ok(p) = self.permits.clone().try_acquire_owned() {
             return Ok(p);
         }
         if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_waiting {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(SkiffError::Overloaded(format!(
+            return Err(QueryError::Overloaded(format!(
                 "too many queries: {} running and {} waiting",
                 self.running(),
                 self.max_waiting
@@ -92,10 +92,10 @@ impl Admission {
         };
         self.waiting.fetch_sub(1, Ordering::SeqCst);
         match got {
-            None => Err(SkiffError::ShuttingDown(CANCELLED_AT_SHUTDOWN.into())),
+            None => Err(QueryError::ShuttingDown(CANCELLED_AT_SHUTDOWN.into())),
             Some(Ok(Ok(p))) => Ok(p),
-            _ if Instant::now() >= deadline => Err(SkiffError::Timeout),
-            _ => Err(SkiffError::Overloaded(format!("no query slot became free within {:?}", self.max_wait))),
+            _ if Instant::now() >= deadline => Err(QueryError::Timeout),
+            _ => Err(QueryError::Overloaded(format!("no query slot became free within {:?}", self.max_wait))),
         }
     }
 
@@ -113,8 +113,8 @@ pub const CANCELLED_AT_SHUTDOWN: &str =
     "the query outlived the grace period (--shutdown-grace) and was cancelled";
 
 /// A result stream that holds its query's permit while the query runs. A watchdog ends the
-/// query, whether or not anyone polls the stream: at the deadline ([`SkiffError::Timeout`]),
-/// when shutdown cancels running queries ([`SkiffError::ShuttingDown`]), or when the consumer
+/// query, whether or not anyone polls the stream: at the deadline ([`QueryError::Timeout`]),
+/// when shutdown cancels running queries ([`QueryError::ShuttingDown`]), or when the consumer
 /// has not taken a ready batch for `stall` (a client that stopped reading). Ending drops the
 /// query (so cancels it) and frees its permit at once; the consumer's next poll gets the error.
 pub struct Bounded {
@@ -127,14 +127,14 @@ struct Running {
     inner: Option<SendableRecordBatchStream>,
     permit: Option<OwnedSemaphorePermit>,
     /// Why the watchdog ended the query, until the consumer is told.
-    ended: Option<SkiffError>,
+    ended: Option<QueryError>,
     /// Since when a batch handed out waits for the consumer to come back for the next.
     handed_out: Option<Instant>,
     waker: Option<std::task::Waker>,
 }
 
 impl Running {
-    fn end(&mut self, why: SkiffError) {
+    fn end(&mut self, why: QueryError) {
         if self.inner.take().is_some() {
             self.ended = Some(why);
         }
@@ -152,7 +152,7 @@ impl Bounded {
         stall: Duration,
         shutdown: CancellationToken,
         permit: OwnedSemaphorePermit,
-        stats: Arc<super::stats::QueryStats>,
+        stats: Arc<crate::lake::stats::QueryStats>,
     ) -> Self {
         let schema = inner.schema();
         let state = Arc::new(std::sync::Mutex::new(Running {
@@ -167,21 +167,21 @@ impl Bounded {
             let mut check = tokio::time::interval(stall.clamp(Duration::from_millis(10), Duration::from_secs(1)));
             loop {
                 let why = tokio::select! {
-                    _ = tokio::time::sleep_until(deadline) => SkiffError::Timeout,
-                    _ = shutdown.cancelled() => SkiffError::ShuttingDown(CANCELLED_AT_SHUTDOWN.into()),
+                    _ = tokio::time::sleep_until(deadline) => QueryError::Timeout,
+                    _ = shutdown.cancelled() => QueryError::ShuttingDown(CANCELLED_AT_SHUTDOWN.into()),
                     _ = check.tick() => {
                         let Some(state) = watched.upgrade() else { return };
                         let stalled = state.lock().expect("running").handed_out.is_some_and(|t| t.elapsed() >= stall);
                         if !stalled {
                             continue;
                         }
-                        SkiffError::Stalled(format!(
+                        QueryError::Stalled(format!(
                             "the client took no data for {stall:?} (--write-timeout): the query was cancelled"
                         ))
                     }
                 };
                 if let Some(state) = watched.upgrade() {
-                    stats.set_ended(why.code());
+                    stats.set_ended(Arc::new(why.clone()));
                     state.lock().expect("running").end(why);
                 }
                 return;

@@ -6,18 +6,20 @@ mod coalesce;
 mod count_distinct;
 mod date_trunc;
 mod dialect;
+pub mod error;
 mod fast_path;
 mod fixes;
 mod functions;
 mod group_keys;
 mod json;
 pub mod limits;
+pub mod panics;
+pub mod queries;
 pub mod readonly;
 pub mod results;
 pub mod rules;
 mod shared;
 pub mod sql_bounds;
-pub mod stats;
 mod string_eq;
 mod system;
 #[cfg(test)]
@@ -43,12 +45,12 @@ use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
 use futures::TryStreamExt;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::{Result, SkiffError};
+use crate::engine::error::{QueryError, Result};
+use crate::lake::stats::QueryStats;
 use crate::lake::{Lake, Names};
-use crate::observe::metrics::Gauges;
+use crate::metrics::Gauges;
 use limits::{Admission, Bounded, CANCELLED_AT_SHUTDOWN};
 use results::{CacheUse, ResultCache};
-use stats::QueryStats;
 
 /// The name SQL can give the lake's catalog (`lake.glass.events`); it is also the default,
 /// so `glass.events` resolves as Basin SQL resolves it.
@@ -140,14 +142,14 @@ fn name_open_files(
     e: datafusion::error::DataFusionError,
     stats: &QueryStats,
 ) -> datafusion::error::DataFusionError {
-    let e = match SkiffError::from_datafusion(e) {
-        SkiffError::DataError(m) => {
+    let e = match QueryError::from_datafusion(e) {
+        QueryError::DataError(m) => {
             let open = stats.recent_files();
             let named = open.iter().any(|f| m.contains(f.rsplit('/').next().unwrap_or(f)));
             if open.is_empty() || named {
-                SkiffError::DataError(m)
+                QueryError::DataError(m)
             } else {
-                SkiffError::DataError(format!("{m} (while reading one of: {})", open.join(", ")))
+                QueryError::DataError(format!("{m} (while reading one of: {})", open.join(", ")))
             }
         }
         other => other,
@@ -241,7 +243,7 @@ impl Engine {
             config
                 .options_mut()
                 .set(key, value)
-                .map_err(|e| SkiffError::BadRequest(format!("--datafusion-option {key}={value}: {e}")))?;
+                .map_err(|e| QueryError::BadRequest(format!("--datafusion-option {key}={value}: {e}")))?;
         }
         // Fair shares of one pool: each running query may use its part, and operators that
         // can spill (sorts, aggregations, joins) go to local disk before failing.
@@ -409,7 +411,7 @@ impl Engine {
     /// A slot to plan or run a query in, unless skiff is draining.
     async fn admit(&self, deadline: tokio::time::Instant) -> Result<tokio::sync::OwnedSemaphorePermit> {
         if self.is_draining() {
-            return Err(SkiffError::ShuttingDown("no new queries are accepted; retry".into()));
+            return Err(QueryError::ShuttingDown("no new queries are accepted; retry".into()));
         }
         self.admission.admit(deadline, &self.shutdown).await
     }
@@ -429,7 +431,7 @@ impl Engine {
         match (&mut task.0).await {
             Ok(done) => done,
             Err(e) if e.is_panic() => Err(panicked()),
-            Err(_) => Err(SkiffError::Internal("planning was stopped".into())),
+            Err(_) => Err(QueryError::Internal("planning was stopped".into())),
         }
     }
 
@@ -440,21 +442,21 @@ impl Engine {
         work: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
         tokio::select! {
-            done = tokio::time::timeout_at(deadline, work) => done.map_err(|_| SkiffError::Timeout)?,
-            _ = self.shutdown.cancelled() => Err(SkiffError::ShuttingDown(CANCELLED_AT_SHUTDOWN.into())),
+            done = tokio::time::timeout_at(deadline, work) => done.map_err(|_| QueryError::Timeout)?,
+            _ = self.shutdown.cancelled() => Err(QueryError::ShuttingDown(CANCELLED_AT_SHUTDOWN.into())),
         }
     }
 
     fn check_text(&self, sql: &str) -> Result<()> {
         if sql.len() > self.limits.max_sql_bytes {
-            return Err(SkiffError::BadRequest(format!(
+            return Err(QueryError::BadRequest(format!(
                 "SQL text is {} bytes, over the limit of {} bytes",
                 sql.len(),
                 self.limits.max_sql_bytes
             )));
         }
         if sql.trim().is_empty() {
-            return Err(SkiffError::BadRequest("the query is empty".into()));
+            return Err(QueryError::BadRequest("the query is empty".into()));
         }
         Ok(())
     }
@@ -550,8 +552,8 @@ async fn unwinding<T>(planning: impl std::future::Future<Output = Result<T>>) ->
 
 /// What a query that panicked fails with. The panic's message and location are in the log,
 /// under the request's id, not in the response: the message may quote data.
-fn panicked() -> SkiffError {
-    SkiffError::Internal(
+fn panicked() -> QueryError {
+    QueryError::Internal(
         "the query hit a bug in skiff (a panic); it is logged under this request's id".into(),
     )
 }
@@ -570,7 +572,7 @@ impl QueryRuntime {
             .thread_stack_size(8 << 20)
             .enable_all()
             .build()
-            .map_err(|e| SkiffError::Internal(format!("starting the query runtime: {e}")))?;
+            .map_err(|e| QueryError::Internal(format!("starting the query runtime: {e}")))?;
         Ok(Self(Some(runtime)))
     }
 
@@ -710,7 +712,7 @@ mod tests {
             let subscriber =
                 tracing_subscriber::fmt().with_ansi(false).with_writer(move || Writer(log)).finish();
             tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
-            crate::observe::panics::install();
+            panics::install();
             log
         })
     }
@@ -755,19 +757,18 @@ mod tests {
             ("SELECT panics_in_planning(1)", "req-planning"),
             ("SELECT panics_in_execution(event) FROM glass.events", "req-execution"),
         ] {
-            let span = crate::observe::query_span(id, "test");
+            let span = tracing::info_span!("query", request_id = id, route = "test");
             let outcome = async {
                 let mut q = engine.execute(sql).await?;
                 while let Some(b) = q.stream.next().await {
                     b?;
                 }
-                Ok::<_, SkiffError>(())
+                Ok::<_, QueryError>(())
             }
             .instrument(span)
             .await;
             let e = outcome.expect_err(sql);
-            assert!(matches!(e, SkiffError::Internal(_)), "{sql}: {e:?}");
-            assert_eq!(e.status().as_u16(), 500);
+            assert!(matches!(e, QueryError::Internal(_)), "{sql}: {e:?}");
             let text = String::from_utf8_lossy(&log.lock().unwrap()).to_string();
             let line = text.lines().find(|l| l.contains(id) && l.contains("panicked")).unwrap_or_else(|| {
                 panic!("no panic line for {id} in:\n{text}");

@@ -6,7 +6,7 @@
 use datafusion::execution::context::SQLOptions;
 use datafusion::logical_expr::LogicalPlan;
 
-use crate::error::{Result, SkiffError};
+use crate::engine::error::{QueryError, Result};
 
 pub fn check(plan: &LogicalPlan) -> Result<()> {
     SQLOptions::new()
@@ -17,6 +17,6 @@ pub fn check(plan: &LogicalPlan) -> Result<()> {
         .map_err(|e| {
             let why = e.strip_backtrace();
             let why = why.strip_prefix("Error during planning: ").unwrap_or(&why);
-            SkiffError::ReadOnly(format!("skiff is read-only and accepts only queries: {why}"))
+            QueryError::ReadOnly(format!("skiff is read-only and accepts only queries: {why}"))
         })
 }

@@ -22,7 +22,7 @@ use futures::Stream;
 use sha2::{Digest, Sha256};
 
 use crate::lake::versions_read;
-use crate::observe::metrics;
+use crate::metrics;
 
 /// How a query's answer relates to the result cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

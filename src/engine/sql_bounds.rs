@@ -17,7 +17,7 @@ use datafusion::sql::sqlparser::ast::{
     Expr, GroupByExpr, GroupByWithModifier, ObjectName, Query, Select, SetExpr, Visit, Visitor,
 };
 
-use crate::error::SkiffError;
+use crate::engine::error::QueryError;
 
 /// How deep expressions and chains of set operations may nest.
 pub const MAX_NESTING: usize = 1000;
@@ -37,7 +37,7 @@ pub struct PlanBounds {
 }
 
 /// Refuses a statement over `bounds`, before DataFusion plans it.
-pub fn check(statement: &Statement, bounds: &PlanBounds) -> Result<(), SkiffError> {
+pub fn check(statement: &Statement, bounds: &PlanBounds) -> Result<(), QueryError> {
     let statement = match statement {
         Statement::Statement(s) => s.as_ref(),
         Statement::Explain(e) => return check(&e.statement, bounds),
@@ -46,7 +46,7 @@ pub fn check(statement: &Statement, bounds: &PlanBounds) -> Result<(), SkiffErro
     let mut walk = Walk { depth: 0, bounds };
     match statement.visit(&mut walk) {
         ControlFlow::Continue(()) => Ok(()),
-        ControlFlow::Break(why) => Err(SkiffError::BadRequest(why)),
+        ControlFlow::Break(why) => Err(QueryError::BadRequest(why)),
     }
 }
 
@@ -215,7 +215,7 @@ mod tests {
 
     use super::*;
 
-    fn checked(sql: &str) -> Result<(), SkiffError> {
+    fn checked(sql: &str) -> Result<(), QueryError> {
         let statement = DFParser::parse_sql(sql).unwrap().pop_front().unwrap();
         check(&statement, &PlanBounds { max_plan_nodes: 100_000, max_grouping_sets: 4096 })
     }

@@ -33,7 +33,7 @@ use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
 use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowAggExec};
 
 use super::window::SortedWindowExec;
-use crate::lake::scan::with_parquet_source;
+use crate::lake::with_parquet_source;
 
 /// Rewrites string equalities in filters and scan predicates to compare views.
 #[derive(Debug, Default)]

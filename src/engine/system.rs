@@ -15,7 +15,7 @@ use datafusion::catalog::{CatalogProvider, SchemaProvider, TableProvider};
 use datafusion::datasource::TableType;
 use datafusion::error::Result as DFResult;
 
-use crate::observe::queries::QueriesTable;
+use super::queries::QueriesTable;
 
 pub const SCHEMA: &str = "system";
 /// Table names in `system` that are skiff's.

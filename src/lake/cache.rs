@@ -20,10 +20,9 @@ use parquet::file::metadata::ParquetMetaData;
 use tokio::sync::OnceCell;
 
 use super::data_cache::DataCache;
-use super::file_stats::SnapshotFiles;
-use super::manifest::{self, FileEntry};
-use super::row_filter::Sample;
-use crate::observe::metrics;
+use super::error::with_file;
+use super::manifest::{self, FileEntry, SnapshotFiles};
+use crate::metrics;
 
 /// Manifests and manifest lists kept, by count (one is a few KiB per data file it lists).
 const MANIFESTS: u64 = 20_000;
@@ -41,6 +40,24 @@ struct LoadedTable {
     metadata_location: String,
     loaded: Instant,
     table: Table,
+}
+
+/// What a sample of one file says about a scan's filter: the selectivity cache's value.
+/// Measured by `row_filter`; defined with the cache so the cache depends on no scan module.
+#[derive(Clone, Debug, Default)]
+pub struct Sample {
+    /// The share of the sampled rows the filter keeps.
+    pub(super) share: f64,
+    /// Bytes of the scan's other columns over bytes of the filter's columns (uncompressed).
+    pub(super) width: f64,
+    /// Each of the filter's conditions, as the scan shows it, with the share it keeps alone.
+    pub(super) conditions: Arc<[(String, f64)]>,
+}
+
+impl Sample {
+    pub(super) fn whole(width: f64) -> Self {
+        Sample { share: 1.0, width, ..Sample::default() }
+    }
 }
 
 pub struct Caches {
@@ -272,6 +289,6 @@ fn named(e: iceberg::Error, path: &str) -> iceberg::Error {
             .with_context("file", path)
             .with_source(e)
     } else {
-        super::scan::with_file(e, path)
+        with_file(e, path)
     }
 }

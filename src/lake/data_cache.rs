@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
 
-use crate::observe::metrics;
+use crate::metrics;
 
 /// Chunk size. A cold read fetches whole chunks: a few extra bytes per request cost far less
 /// than another round trip to the store, and neighbouring columns come along for later reads.

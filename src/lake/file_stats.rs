@@ -9,7 +9,6 @@
 //! but inexact; float bounds leave NaN out, so they are not given at all. Files with delete
 //! files never reach the scan that uses these (Iceberg's reader applies the deletes).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, SchemaRef, TimeUnit};
@@ -17,39 +16,14 @@ use datafusion::common::stats::Precision;
 use datafusion::common::{ColumnStatistics, ScalarValue, Statistics};
 use futures::{StreamExt, TryStreamExt};
 use iceberg::ErrorKind;
-use iceberg::spec::{
-    DataFileFormat, Datum, ManifestContentType, ManifestFile, PrimitiveLiteral, PrimitiveType, SnapshotRef,
-};
+use iceberg::spec::{Datum, ManifestContentType, ManifestFile, PrimitiveLiteral, PrimitiveType, SnapshotRef};
 use iceberg::table::Table;
 
 use super::cache::Caches;
-use super::manifest::FileEntry;
-use super::scan::MANIFEST_READS;
+use super::manifest::{FileEntry, LiveFile, SnapshotFiles};
 
-/// Every live data file of one snapshot, with its statistics over the table's Arrow schema.
-#[derive(Debug, Default)]
-pub struct SnapshotFiles {
-    pub files: Vec<LiveFile>,
-    by_path: HashMap<String, usize>,
-    /// Whether the snapshot has delete manifests: its files are then planned by Iceberg,
-    /// which matches each data file with its delete files.
-    pub has_deletes: bool,
-}
-
-#[derive(Debug)]
-pub struct LiveFile {
-    pub path: String,
-    pub size: u64,
-    pub records: u64,
-    pub format: DataFileFormat,
-    pub stats: Arc<Statistics>,
-}
-
-impl SnapshotFiles {
-    pub fn get(&self, path: &str) -> Option<&Arc<Statistics>> {
-        self.by_path.get(path).map(|&i| &self.files[i].stats)
-    }
-}
+/// Manifests read at once while planning a scan.
+pub(super) const MANIFEST_READS: usize = 32;
 
 /// The live data files of the current snapshot and their statistics, cached per manifest
 /// list and schema. Manifests come from the shared manifest cache, so a new snapshot decodes

@@ -12,8 +12,10 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use apache_avro::Codec;
+use datafusion::common::Statistics;
 use iceberg::spec::{DataContentType, DataFileFormat, Manifest, ManifestStatus};
 use serde_json::Value;
 
@@ -480,6 +482,33 @@ impl<'a> Reader<'a> {
         file.records = u64::try_from(records).or_else(|_| unexpected("negative record count"))?;
         file.size = u64::try_from(size).or_else(|_| unexpected("negative file size"))?;
         Ok(file)
+    }
+}
+
+/// Every live data file of one snapshot, with its statistics over the table's Arrow schema.
+/// Built by `file_stats` from the decoded manifests; defined here, below the cache that keeps
+/// it, so the cache does not depend on the module that fills it.
+#[derive(Debug, Default)]
+pub struct SnapshotFiles {
+    pub files: Vec<LiveFile>,
+    pub(super) by_path: HashMap<String, usize>,
+    /// Whether the snapshot has delete manifests: its files are then planned by Iceberg,
+    /// which matches each data file with its delete files.
+    pub has_deletes: bool,
+}
+
+#[derive(Debug)]
+pub struct LiveFile {
+    pub path: String,
+    pub size: u64,
+    pub records: u64,
+    pub format: DataFileFormat,
+    pub stats: Arc<Statistics>,
+}
+
+impl SnapshotFiles {
+    pub fn get(&self, path: &str) -> Option<&Arc<Statistics>> {
+        self.by_path.get(path).map(|&i| &self.files[i].stats)
     }
 }
 

@@ -6,11 +6,14 @@
 
 pub mod cache;
 pub mod data_cache;
+pub mod error;
 mod file_stats;
 mod manifest;
 mod per_file;
+mod reader;
 mod row_filter;
 pub mod scan;
+pub mod stats;
 mod table;
 pub mod versions;
 
@@ -28,10 +31,11 @@ use iceberg::table::Table;
 use iceberg::{Catalog, NamespaceIdent, TableIdent};
 
 use crate::catalog::TablePointers;
-use crate::error::SkiffError;
-use crate::observe::metrics;
+use crate::metrics;
 use cache::Caches;
+use error::LakeError;
 pub use per_file::FoldPerFile;
+pub use reader::with_parquet_source;
 pub use row_filter::{DynamicRowFilters, SelectiveFirst};
 pub use table::versions_read;
 use table::{PhysicalTable, VersionedTable};
@@ -92,7 +96,7 @@ impl Lake {
         pointers: Arc<TablePointers>,
         pinned: PinnedVersions,
         caches: Caches,
-    ) -> Result<Arc<Self>, SkiffError> {
+    ) -> Result<Arc<Self>, LakeError> {
         let caches = Arc::new(caches);
         let lake = Arc::new(Self { catalog, pointers, caches, pinned, listing: RwLock::default() });
         lake.refresh().await?;
@@ -100,7 +104,7 @@ impl Lake {
     }
 
     /// Re-reads every namespace's table list from the catalog.
-    pub async fn refresh(&self) -> Result<(), SkiffError> {
+    pub async fn refresh(&self) -> Result<(), LakeError> {
         let mut listing = Listing::new();
         for ns in self.catalog.list_namespaces(None).await.map_err(catalog_down)? {
             let tables = self.list(&ns).await?;
@@ -110,7 +114,7 @@ impl Lake {
         Ok(())
     }
 
-    async fn list(&self, ns: &NamespaceIdent) -> Result<BTreeSet<String>, SkiffError> {
+    async fn list(&self, ns: &NamespaceIdent) -> Result<BTreeSet<String>, LakeError> {
         match self.catalog.list_tables(ns).await {
             Ok(tables) => Ok(tables.into_iter().map(|t| t.name).collect()),
             Err(e) if e.kind() == iceberg::ErrorKind::NamespaceNotFound => Ok(BTreeSet::new()),
@@ -179,7 +183,7 @@ impl Lake {
 
     /// One table of [`Self::spawn_warm`]: loaded as a query would, then its manifests and
     /// footers read. Returns the footers read.
-    async fn warm_table(&self, ns: &str, name: &str) -> Result<usize, SkiffError> {
+    async fn warm_table(&self, ns: &str, name: &str) -> Result<usize, LakeError> {
         let table = self.load(ns, name).await?;
         PhysicalTable::try_new(table, self.caches.clone())?.warm().await
     }
@@ -222,7 +226,7 @@ impl Lake {
         &self,
         ns: &str,
         name: &str,
-    ) -> Result<Option<Arc<dyn TableProvider>>, SkiffError> {
+    ) -> Result<Option<Arc<dyn TableProvider>>, LakeError> {
         if !self.exists(ns, name) {
             return Ok(None);
         }
@@ -232,46 +236,36 @@ impl Lake {
 
     /// Loads a table's current metadata from the catalog (reusing the table loaded before
     /// when its metadata file has not changed).
-    pub async fn load(&self, ns: &str, name: &str) -> Result<Table, SkiffError> {
+    pub async fn load(&self, ns: &str, name: &str) -> Result<Table, LakeError> {
         let ident = TableIdent::new(NamespaceIdent::new(ns.to_string()), name.to_string());
-        let location = self.pointers.current(&ident).await.map_err(|e| SkiffError::Unavailable {
-            dependency: "catalog",
-            message: format!("reading the metadata location of {ns}.{name}: {e}"),
+        let location = self.pointers.current(&ident).await.map_err(|e| {
+            LakeError::CatalogUnavailable(format!("reading the metadata location of {ns}.{name}: {e}"))
         })?;
         // Unknown (no such table, an error status): the full load below reports it.
         if let Some(table) = location.and_then(|l| self.caches.loaded_table(&ident, &l)) {
             return Ok(table);
         }
-        let fresh = self.catalog.load_table(&ident).await.map_err(|e| {
-            let err = SkiffError::from_iceberg(&e);
-            match err {
-                SkiffError::TableNotFound(_) => {
-                    SkiffError::TableNotFound(format!("table not found: {ns}.{name}"))
-                }
-                // The catalog answered, but the table's metadata file does not parse.
-                SkiffError::InvalidQuery(_) if e.kind() == iceberg::ErrorKind::DataInvalid => {
-                    SkiffError::DataError(format!("the metadata file of {ns}.{name} is unreadable: {}", e))
-                }
-                // A SQL catalog reads the metadata file itself: an I/O failure there is the
-                // object store's, and its context names the file.
-                SkiffError::Unavailable { .. } if e.message().contains("io operation") => {
-                    SkiffError::Unavailable {
-                        dependency: "object store",
-                        message: format!("loading {ns}.{name}: {e}"),
-                    }
-                }
-                SkiffError::Unavailable { .. } => SkiffError::Unavailable {
-                    dependency: "catalog",
-                    message: format!("loading {ns}.{name}: {}", e.message()),
-                },
-                other => other,
+        let fresh = self.catalog.load_table(&ident).await.map_err(|e| match LakeError::from_iceberg(&e) {
+            LakeError::TableNotFound(_) => LakeError::TableNotFound(format!("table not found: {ns}.{name}")),
+            // The catalog answered, but the table's metadata file does not parse.
+            LakeError::Invalid(_) if e.kind() == iceberg::ErrorKind::DataInvalid => {
+                LakeError::Unreadable(format!("the metadata file of {ns}.{name} is unreadable: {}", e))
             }
+            // A SQL catalog reads the metadata file itself: a storage failure there is the
+            // object store's, and its context names the file.
+            LakeError::StoreUnavailable(_) if error::from_storage(&e) => {
+                LakeError::StoreUnavailable(format!("loading {ns}.{name}: {e}"))
+            }
+            LakeError::StoreUnavailable(_) => {
+                LakeError::CatalogUnavailable(format!("loading {ns}.{name}: {}", e.message()))
+            }
+            other => other,
         })?;
         Ok(self.caches.table(fresh))
     }
 
     /// Resolves a name SQL used: a versioned base, a physical table, or `<base>_v1`.
-    async fn resolve(&self, ns: &str, name: &str) -> Result<Option<Arc<dyn TableProvider>>, SkiffError> {
+    async fn resolve(&self, ns: &str, name: &str) -> Result<Option<Arc<dyn TableProvider>>, LakeError> {
         let Some(versions) = self.versions_of(ns, name) else {
             return Ok(None);
         };
@@ -285,7 +279,7 @@ impl Lake {
                 for v in list {
                     let physical = version_name(&base, v);
                     if !self.exists(ns, &physical) {
-                        return Err(SkiffError::TableNotFound(format!(
+                        return Err(LakeError::TableNotFound(format!(
                             "{ns}.{physical} is pinned by LAKE_VERSIONS ({base}={}) but does not exist",
                             self.pinned
                                 .get(&base)
@@ -346,7 +340,7 @@ impl Lake {
     /// the catalog itself listed are sent to it (iceberg-rust builds request paths from them
     /// without encoding): a namespace the listing lacks is looked for in the catalog's own
     /// list of namespaces first.
-    async fn relist(&self, ns: &str) -> Result<(), SkiffError> {
+    async fn relist(&self, ns: &str) -> Result<(), LakeError> {
         let known = self.listing.read().expect("listing").contains_key(ns);
         let ident = if known {
             NamespaceIdent::new(ns.to_string())
@@ -389,7 +383,7 @@ fn ns_name(ns: &NamespaceIdent) -> String {
 /// A failed listing as the catalog's outage, saying which status it answered (the text around it
 /// is not repeated: it holds the response's headers), and in plain words when it refused the
 /// credentials.
-fn catalog_down(e: iceberg::Error) -> SkiffError {
+fn catalog_down(e: iceberg::Error) -> LakeError {
     let full = e.to_string();
     let status = full.split("status: ").nth(1).and_then(|r| r.split([',', '}']).next()).map(str::trim);
     let message = match status {
@@ -399,10 +393,10 @@ fn catalog_down(e: iceberg::Error) -> SkiffError {
         Some(s) => format!("{} ({s})", e.message()),
         None => e.message().to_string(),
     };
-    SkiffError::Unavailable { dependency: "catalog", message }
+    LakeError::CatalogUnavailable(message)
 }
 
-pub(crate) fn to_df(e: SkiffError) -> DataFusionError {
+pub(crate) fn to_df(e: LakeError) -> DataFusionError {
     DataFusionError::External(Box::new(e))
 }
 
@@ -432,7 +426,7 @@ struct LakeSchema {
 }
 
 impl LakeSchema {
-    async fn resolve(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>, SkiffError> {
+    async fn resolve(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>, LakeError> {
         match self.names {
             Names::Versioned => self.lake.resolve(&self.ns, name).await,
             Names::Physical => self.lake.resolve_physical(&self.ns, name).await,

@@ -42,8 +42,8 @@ use iceberg::scan::FileScanTask;
 use parquet::arrow::ParquetRecordBatchStreamBuilder;
 use parquet::arrow::ProjectionMask;
 
-use super::cache::Caches;
-use super::scan::{CountingReader, with_parquet_source};
+use super::cache::{Caches, Sample};
+use super::reader::{CountingReader, with_parquet_source};
 
 /// A row filter pays when its filter keeps at most this share of the rows…
 const SELECTIVE: f64 = 0.1;
@@ -54,23 +54,6 @@ const WIDER: f64 = 2.0;
 
 /// Rows evaluated for the estimate: the first row group of the sampled file, up to this.
 const SAMPLE_ROWS: usize = 65_536;
-
-/// What a sample of one file says about a scan's filter.
-#[derive(Clone, Debug, Default)]
-pub struct Sample {
-    /// The share of the sampled rows the filter keeps.
-    share: f64,
-    /// Bytes of the scan's other columns over bytes of the filter's columns (uncompressed).
-    width: f64,
-    /// Each of the filter's conditions, as the scan shows it, with the share it keeps alone.
-    conditions: Arc<[(String, f64)]>,
-}
-
-impl Sample {
-    fn whole(width: f64) -> Self {
-        Sample { share: 1.0, width, ..Sample::default() }
-    }
-}
 
 /// The share of sampled rows each scan condition keeps, by the condition as the scan's
 /// predicate shows it (`event@4 = purchase`), for [`SelectiveFirst`]. A condition shared by

@@ -19,9 +19,9 @@ use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr};
 use iceberg::table::Table;
 
 use super::cache::Caches;
+use super::error::LakeError;
 use super::scan;
 use super::versions::union_schema;
-use crate::error::SkiffError;
 
 #[derive(Debug)]
 pub struct PhysicalTable {
@@ -31,14 +31,14 @@ pub struct PhysicalTable {
 }
 
 impl PhysicalTable {
-    pub fn try_new(table: Table, caches: Arc<Caches>) -> Result<Self, SkiffError> {
+    pub fn try_new(table: Table, caches: Arc<Caches>) -> Result<Self, LakeError> {
         let schema = scan::arrow_schema(&table)?;
         Ok(Self { table, schema, caches })
     }
 
     /// Reads what a first scan of the current snapshot needs (its manifest list, manifests
     /// and data files' footers) into the caches, as a scan would. Returns the footers read.
-    pub async fn warm(&self) -> Result<usize, SkiffError> {
+    pub async fn warm(&self) -> Result<usize, LakeError> {
         match scan::manifest_files(&self.table, &self.schema, &self.caches).await? {
             Some(files) => Ok(scan::warm_footers(&self.table, &files, &self.caches).await),
             None => Ok(0),
@@ -104,14 +104,14 @@ pub struct VersionedTable {
 }
 
 impl VersionedTable {
-    pub fn try_new(tables: Vec<Table>, caches: &Arc<Caches>) -> Result<Self, SkiffError> {
+    pub fn try_new(tables: Vec<Table>, caches: &Arc<Caches>) -> Result<Self, LakeError> {
         let versions = tables
             .into_iter()
             .map(|t| PhysicalTable::try_new(t, caches.clone()))
             .collect::<Result<Vec<_>, _>>()?;
         let named: Vec<_> =
             versions.iter().map(|v| (v.table.identifier().to_string(), v.schema.clone())).collect();
-        let schema = union_schema(&named).map_err(SkiffError::InvalidQuery)?;
+        let schema = union_schema(&named).map_err(LakeError::Invalid)?;
         Ok(Self { versions, schema })
     }
 

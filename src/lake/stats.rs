@@ -1,6 +1,7 @@
 //! What one query cost: filled in by the scans while the query plans and runs, read by the
 //! front ends for their response metrics and by the query log line.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -27,9 +28,10 @@ pub struct QueryStats {
     closed: Mutex<std::collections::VecDeque<String>>,
     /// How the result cache served the query (`hit`, `miss`, `bypass`, `off`).
     result_cache: OnceLock<&'static str>,
-    /// Why skiff ended the query while its consumer was away (the error's code): a stalled
-    /// client is told nothing more, so this is what its log line says.
-    ended: OnceLock<&'static str>,
+    /// Why skiff ended the query while its consumer was away (the engine's error, which the
+    /// lake does not know): a stalled client is told nothing more, so this is what its log
+    /// line says.
+    ended: OnceLock<Arc<dyn Any + Send + Sync>>,
 }
 
 impl QueryStats {
@@ -97,12 +99,13 @@ impl QueryStats {
         self.files_total.load(Ordering::Relaxed).saturating_sub(self.files_planned())
     }
 
-    pub fn set_ended(&self, code: &'static str) {
-        let _ = self.ended.set(code);
+    pub fn set_ended(&self, why: Arc<dyn Any + Send + Sync>) {
+        let _ = self.ended.set(why);
     }
 
-    pub fn ended(&self) -> Option<&'static str> {
-        self.ended.get().copied()
+    /// Why the query was ended, when it was and the reason is an `E`.
+    pub fn ended<E: 'static>(&self) -> Option<&E> {
+        self.ended.get().and_then(|e| e.downcast_ref::<E>())
     }
 
     pub fn set_result_cache(&self, how: &'static str) {

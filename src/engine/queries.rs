@@ -17,10 +17,10 @@ use datafusion::error::Result as DFResult;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
 
-use crate::engine::stats::QueryStats;
+use crate::lake::stats::QueryStats;
 
 /// A query while it runs: what is known from its start, and its live scan counters.
-pub(super) struct Running {
+pub struct Running {
     seq: u64,
     pub request_id: String,
     pub route: &'static str,
@@ -54,6 +54,9 @@ struct Registry {
     capacity: RwLock<usize>,
     running: Mutex<BTreeMap<u64, Arc<Running>>>,
     finished: Mutex<VecDeque<Record>>,
+    /// The number of running queries, sent on every change, so shutdown's drain waits for
+    /// the last one to end rather than polling.
+    count: tokio::sync::watch::Sender<usize>,
 }
 
 static REGISTRY: LazyLock<Registry> = LazyLock::new(|| Registry {
@@ -61,6 +64,7 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| Registry {
     capacity: RwLock::new(1000),
     running: Mutex::default(),
     finished: Mutex::default(),
+    count: tokio::sync::watch::Sender::new(0),
 });
 
 /// How many finished queries to keep.
@@ -69,7 +73,7 @@ pub fn set_capacity(n: usize) {
 }
 
 /// Registers a query as running.
-pub(super) fn start(request_id: String, route: &'static str) -> Arc<Running> {
+pub fn start(request_id: String, route: &'static str) -> Arc<Running> {
     let r = Arc::new(Running {
         seq: REGISTRY.next.fetch_add(1, Ordering::Relaxed),
         request_id,
@@ -79,13 +83,19 @@ pub(super) fn start(request_id: String, route: &'static str) -> Arc<Running> {
         sql: OnceLock::new(),
         stats: OnceLock::new(),
     });
-    REGISTRY.running.lock().expect("queries lock").insert(r.seq, r.clone());
+    let mut running = REGISTRY.running.lock().expect("queries lock");
+    running.insert(r.seq, r.clone());
+    REGISTRY.count.send_replace(running.len());
     r
 }
 
 /// Moves a query from running to the history.
-pub(super) fn finish(running: &Running, record: Record) {
-    REGISTRY.running.lock().expect("queries lock").remove(&running.seq);
+pub fn finish(running: &Running, record: Record) {
+    {
+        let mut running_now = REGISTRY.running.lock().expect("queries lock");
+        running_now.remove(&running.seq);
+        REGISTRY.count.send_replace(running_now.len());
+    }
     let cap = *REGISTRY.capacity.read().expect("queries lock");
     let mut finished = REGISTRY.finished.lock().expect("queries lock");
     finished.push_back(record);
@@ -99,8 +109,15 @@ pub fn running_count() -> usize {
     REGISTRY.running.lock().expect("queries lock").len()
 }
 
+/// Resolves once no query is running (at once if none is).
+pub async fn all_finished() {
+    let mut count = REGISTRY.count.subscribe();
+    // The sender lives in a static, so the wait ends only when the count reaches zero.
+    let _ = count.wait_for(|n| *n == 0).await;
+}
+
 impl Running {
-    pub(super) fn record(&self) -> Record {
+    pub fn record(&self) -> Record {
         let stats = self.stats.get();
         Record {
             request_id: self.request_id.clone(),
