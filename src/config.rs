@@ -8,10 +8,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-
-use crate::catalog::{CatalogOptions, redact_uri};
-use crate::engine::rules::Disabled;
-use crate::lake::versions::PinnedVersions;
+use skiff_engine::rules::Disabled;
+use skiff_lake::catalog::{CatalogOptions, redact_uri};
+use skiff_lake::versions::PinnedVersions;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -4,9 +4,8 @@
 
 use axum::http::StatusCode;
 use datafusion::error::DataFusionError;
-
-use crate::engine::error::QueryError;
-use crate::lake::error::{LakeError, SetupError};
+use skiff_engine::error::QueryError;
+use skiff_lake::error::{LakeError, SetupError};
 
 /// What went wrong, in the terms a client can act on. Messages never hold a secret.
 #[derive(Debug, thiserror::Error)]

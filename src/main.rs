@@ -5,16 +5,12 @@
 //! `encode`. `config` holds every setting, `error` every failure and its status.
 
 mod auth;
-mod catalog;
 mod config;
 mod encode;
-mod engine;
 mod error;
 mod flight;
 mod http;
-mod lake;
 mod listen;
-mod metrics;
 mod observe;
 mod state;
 
@@ -23,6 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use skiff_engine as engine;
+use skiff_lake as lake;
+use skiff_lake::catalog;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{Cli, Command, ServeConfig};

@@ -1,8 +1,9 @@
 //! What both front ends share (HTTP and Flight SQL): the engine, the API tokens and the
 //! result caps. Its own module so the front ends are siblings that import neither each other.
 
+use skiff_engine::Engine;
+
 use crate::auth::Auth;
-use crate::engine::Engine;
 
 /// What every handler shares.
 pub struct AppState {

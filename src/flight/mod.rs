@@ -38,12 +38,12 @@ use arrow_flight::{
 use base64::Engine as _;
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use prost::Message;
+use skiff_engine::Described;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 use crate::auth::Auth;
-use crate::engine::Described;
 use crate::error::SkiffError;
 use crate::listen::{Bounds, Connections, Watched};
 use crate::observe::{QueryLog, query_span};

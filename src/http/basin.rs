@@ -10,13 +10,13 @@ use axum::body::Body;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use skiff_lake::Names;
+use skiff_lake::stats::QueryStats;
 
 use super::RequestId;
 use super::query::{Begun, Encoder, begin, body_stream, not_modified, streaming};
 use crate::encode::{basin, json};
 use crate::error::SkiffError;
-use crate::lake::Names;
-use crate::lake::stats::QueryStats;
 use crate::observe::QueryLog;
 use crate::state::AppState;
 

@@ -15,11 +15,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
+use skiff_lake::catalog::CatalogToken;
+use skiff_metrics as metrics;
 
 use crate::auth::Auth;
-use crate::catalog::CatalogToken;
 use crate::error::SkiffError;
-use crate::metrics;
 use crate::state::AppState;
 
 pub fn router(state: Arc<AppState>) -> Router {

@@ -19,14 +19,14 @@ use axum::response::{IntoResponse, Response};
 use datafusion::physical_plan::SendableRecordBatchStream;
 use futures::StreamExt;
 use serde::Deserialize;
+use skiff_engine::Query;
+use skiff_lake::Names;
+use skiff_lake::stats::QueryStats;
 
 use super::RequestId;
 use crate::encode::arrow_ipc::{self, IpcEncoder};
 use crate::encode::json;
-use crate::engine::Query;
 use crate::error::{Result, SkiffError};
-use crate::lake::Names;
-use crate::lake::stats::QueryStats;
 use crate::observe::QueryLog;
 use crate::state::{AppState, Cap};
 

@@ -19,11 +19,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::engine::error::QueryError;
-use crate::engine::queries;
+use skiff_engine::error::QueryError;
+use skiff_engine::queries;
+use skiff_lake::stats::QueryStats;
+use skiff_metrics as metrics;
+
 use crate::error::SkiffError;
-use crate::lake::stats::QueryStats;
-use crate::metrics;
 
 static LOG_SQL: AtomicBool = AtomicBool::new(false);
 
