@@ -19,18 +19,24 @@ FROM --platform=linux/amd64 rust:1.95-bookworm AS build
 ARG PROFILE
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
-# The dependency layer: a placeholder main.rs, so only the dependencies are real.
+COPY crates/lake/Cargo.toml crates/lake/
+COPY crates/engine/Cargo.toml crates/engine/
+COPY crates/metrics/Cargo.toml crates/metrics/
+# The dependency layer: placeholder sources (main.rs, each crate's lib.rs), so only the
+# dependencies are real.
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     case "$PROFILE" in release|dist) ;; *) echo "PROFILE must be release or dist, not $PROFILE" >&2; exit 1;; esac \
  && mkdir src && echo 'fn main() {}' > src/main.rs \
+ && for c in lake engine metrics; do mkdir "crates/$c/src" && touch "crates/$c/src/lib.rs"; done \
  && cargo build --profile "$PROFILE" --locked --bin skiff \
- && rm -rf src "target/$PROFILE/skiff" "target/$PROFILE/deps/skiff-"*
+ && rm -rf src crates/*/src "target/$PROFILE/skiff" "target/$PROFILE/deps/skiff-"* "target/$PROFILE/deps/"*skiff_*
 COPY src ./src
-# COPY keeps the sources' old modification times: touch, so cargo sees them as newer than the placeholder.
+COPY crates ./crates
+# COPY keeps the sources' old modification times: touch, so cargo sees them as newer than the placeholders.
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
-    touch src/main.rs \
+    touch src/main.rs crates/*/src/lib.rs \
  && cargo build --profile "$PROFILE" --locked --bin skiff \
  && strip "target/$PROFILE/skiff" \
  && cp "target/$PROFILE/skiff" /skiff

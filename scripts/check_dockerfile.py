@@ -6,13 +6,13 @@ context is decided by the Docker SDK's own .dockerignore matching (docker.utils.
 
   * two stages, both linux/amd64; the build profile is the build argument PROFILE, `release` by
     default (no LTO: Cargo.toml's release profile has none), `dist` (fat LTO) only when asked;
-  * the dependency layer: Cargo.toml and Cargo.lock are copied and the dependencies built (with
-    BuildKit cache mounts for the crates.io cache) before src/ is copied, so a change to skiff's
-    code does not rebuild its dependencies;
+  * the dependency layer: Cargo.toml, Cargo.lock and every workspace member's manifest are
+    copied and the dependencies built (with BuildKit cache mounts for the crates.io cache) before
+    src/ and crates/ are copied, so a change to skiff's code does not rebuild its dependencies;
   * the runtime stage runs as the non-root user skiff (uid 10001), listens on 0.0.0.0:8080, logs
     JSON, and runs `serve` (which needs a catalog);
   * no build argument or environment variable names a secret;
-  * .dockerignore lets in exactly Cargo.toml, Cargo.lock and src/ (never worker/node_modules,
+  * .dockerignore lets in exactly Cargo.toml, Cargo.lock, src/ and crates/ (never worker/node_modules,
     target/, lakes, .venv or .git), checked on a tree that has all of those, and on this clone.
 
 Prints the runtime stage's environment as KEY=VALUE lines (for check-image to run the binary
@@ -74,6 +74,19 @@ def main():
     if sources is not None:
         after = [v for n, (k, v) in enumerate(kinds) if k == "RUN" and n > sources]
         check(any("touch src/main.rs" in v for v in after), "the sources are touched before the final build (COPY keeps old mtimes)")
+    # The workspace members: their manifests in the dependency layer, their sources after it.
+    members = cargo.get("workspace", {}).get("members", [])
+    crates = next((n for n, (k, v) in enumerate(kinds) if k == "COPY" and v.split()[0].rstrip("/") == "crates"), None)
+    check(not members or crates is not None, "the build stage copies crates/ (the workspace members)")
+    for m in members:
+        copied = next((n for n, (k, v) in enumerate(kinds) if k == "COPY" and v.split()[0] == f"{m}/Cargo.toml"), None)
+        check(copied is not None and manifests is not None and copied > manifests and all(copied < n for n in builds[:1]),
+              f"{m}/Cargo.toml is copied before the dependency build")
+        if crates is not None:
+            after = [v for n, (k, v) in enumerate(kinds) if k == "RUN" and n > crates]
+            check(any("cargo build" in v for v in after), f"{m} is built after crates/ is copied")
+            check(any(f"{m.split('/', 1)[0]}/*/src/lib.rs" in v or f"{m}/src/lib.rs" in v for v in after if "touch" in v),
+                  f"{m}'s sources are touched before the final build")
 
     # The runtime stage.
     rt = [(i["instruction"], i["value"]) for i in runtime]
@@ -122,7 +135,7 @@ def check_dockerignore(parser, build):
     with tempfile.TemporaryDirectory() as d:
         files = {
             "Cargo.toml": "", "Cargo.lock": "", "Dockerfile": "", "README.md": "",
-            "src/main.rs": "", "src/http/mod.rs": "",
+            "src/main.rs": "", "src/http/mod.rs": "", "crates/lake/Cargo.toml": "", "crates/lake/src/lib.rs": "",
             "worker/node_modules/wrangler/package.json": "{}", "worker/src/index.ts": "",
             "target/release/skiff": "", "lake/catalog.db": "", "lakes/30m/warehouse/x.parquet": "",
             ".venv/bin/python": "", ".git/HEAD": "", "tests/http_api.rs": "", "docs/performance.md": "",
@@ -132,10 +145,10 @@ def check_dockerignore(parser, build):
             open(os.path.join(d, rel), "w").write(text)
         open(os.path.join(d, ".dockerignore"), "w").write(ignore)
         got = {p for p in context(d) if os.path.isfile(os.path.join(d, p))}
-        want = {"Cargo.toml", "Cargo.lock", "src/main.rs", "src/http/mod.rs"}
+        want = {"Cargo.toml", "Cargo.lock", "src/main.rs", "src/http/mod.rs", "crates/lake/Cargo.toml", "crates/lake/src/lib.rs"}
         # Docker always sends the Dockerfile and .dockerignore themselves.
         got -= {"Dockerfile", ".dockerignore"}
-        check(got == want, f".dockerignore lets in exactly Cargo.toml, Cargo.lock and src/ (got {sorted(got)})")
+        check(got == want, f".dockerignore lets in exactly Cargo.toml, Cargo.lock, src/ and crates/ (got {sorted(got)})")
     # This clone: every COPY source is in the context, and nothing big is.
     got = {p for p in context(ROOT) if os.path.isfile(os.path.join(ROOT, p))}
     for i in build:

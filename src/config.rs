@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-
-use crate::engine::rules::Disabled;
-use crate::lake::versions::PinnedVersions;
+use skiff_engine::rules::Disabled;
+use skiff_lake::catalog::{CatalogOptions, redact_uri};
+use skiff_lake::versions::PinnedVersions;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -291,6 +291,20 @@ impl ServeConfig {
         self.catalog_token.clone().or_else(|| std::env::var("CF_API_TOKEN").ok()).filter(|t| !t.is_empty())
     }
 
+    /// What the catalog crate needs to connect, taken from these settings.
+    pub fn catalog_options(&self) -> CatalogOptions {
+        CatalogOptions {
+            uri: self.catalog_uri.clone(),
+            name: self.catalog_name.clone(),
+            warehouse: self.warehouse.clone(),
+            s3_endpoint: self.s3_endpoint.clone(),
+            s3_region: self.s3_region.clone(),
+            s3_access_key_id: self.s3_access_key_id.clone(),
+            s3_secret_access_key: self.s3_secret_access_key.clone(),
+            s3_path_style: self.s3_path_style,
+        }
+    }
+
     /// Checks what clap cannot: values that parse but cannot work together.
     pub fn validate(&self) -> Result<PinnedVersions, String> {
         if self.admin_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
@@ -377,17 +391,6 @@ pub fn parse_listen(s: &str) -> Result<Listen, String> {
             .parse()
             .map(|a| Listen(Some(a)))
             .map_err(|e| format!("{a:?} is not an address like 127.0.0.1:32010: {e}")),
-    }
-}
-
-/// A URI with any password removed, for messages and logs.
-pub fn redact_uri(uri: &str) -> String {
-    match url::Url::parse(uri) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        _ => uri.to_string(),
     }
 }
 
@@ -480,12 +483,5 @@ mod tests {
         assert_eq!(parse_wait("0s").unwrap().0, Some(Duration::ZERO));
         assert_eq!(parse_wait("2m").unwrap().0, Some(Duration::from_secs(120)));
         assert!(parse_wait("later").is_err());
-    }
-
-    #[test]
-    fn passwords_are_redacted() {
-        let r = redact_uri("postgres://user:hunter2@db:5432/cat");
-        assert!(!r.contains("hunter2"), "{r}");
-        assert_eq!(redact_uri("sqlite:///a/b.db"), "sqlite:///a/b.db");
     }
 }

@@ -1,8 +1,11 @@
 //! One error type for every front end, and the one place that maps it to an HTTP status,
 //! a machine-readable code and a Basin SQL error code, so HTTP, Basin and Flight never disagree.
+//! The engine's and the lake's typed errors arrive through `From`, variant by variant.
 
 use axum::http::StatusCode;
 use datafusion::error::DataFusionError;
+use skiff_engine::error::QueryError;
+use skiff_lake::error::{LakeError, SetupError};
 
 /// What went wrong, in the terms a client can act on. Messages never hold a secret.
 #[derive(Debug, thiserror::Error)]
@@ -64,16 +67,18 @@ pub enum StartError {
     Msg(String),
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
-    #[error("catalog: {0}")]
-    Iceberg(#[from] iceberg::Error),
-    #[error("catalog database: {0}")]
-    Sqlx(#[from] sqlx::Error),
+    /// Connecting to the catalog, reading its table list, writing the demo lake.
+    #[error(transparent)]
+    Lake(#[from] SetupError),
+    /// Setting up the engine (its options, its runtime).
     #[error("{0}")]
-    DataFusion(#[from] DataFusionError),
-    #[error("{0}")]
-    Arrow(#[from] arrow::error::ArrowError),
-    #[error("{0}")]
-    Query(#[from] SkiffError),
+    Engine(#[from] QueryError),
+}
+
+impl From<LakeError> for StartError {
+    fn from(e: LakeError) -> Self {
+        Self::Lake(e.into())
+    }
 }
 
 pub type StartResult<T> = std::result::Result<T, StartError>;
@@ -192,117 +197,31 @@ impl SkiffError {
             | Self::ResourcesExhausted(_) => 40004,
         }
     }
+}
 
-    /// Classifies a DataFusion error (which wraps Iceberg and I/O errors) by its cause.
-    pub fn from_datafusion(e: DataFusionError) -> Self {
-        match e.find_root() {
-            DataFusionError::SQL(p, _) => Self::SqlSyntax(p.to_string()),
-            DataFusionError::ResourcesExhausted(m) => Self::ResourcesExhausted(m.clone()),
-            DataFusionError::External(inner) => {
-                if let Some(s) = inner.downcast_ref::<SkiffError>() {
-                    return s.clone_shallow();
-                }
-                if let Some(ie) = inner.downcast_ref::<iceberg::Error>() {
-                    return Self::from_iceberg(ie);
-                }
-                Self::classify_message(&e.strip_backtrace())
-            }
-            DataFusionError::ParquetError(pe) => match pe.as_ref() {
-                // Reads go through Iceberg's FileIO: its errors are storage outages.
-                parquet::errors::ParquetError::External(inner) => {
-                    if let Some(ie) = inner.downcast_ref::<iceberg::Error>() {
-                        return Self::from_iceberg(ie);
-                    }
-                    // A row filter evaluates the query's own conditions while decoding: their
-                    // failures (a cast that does not hold) are the query's, not the file's.
-                    if let Some(arrow::error::ArrowError::ComputeError(m)) = inner.downcast_ref()
-                        && m.starts_with("Error evaluating filter predicate")
-                    {
-                        return Self::InvalidQuery(clean(&pe.to_string()));
-                    }
-                    Self::DataError(clean(&pe.to_string()))
-                }
-                other => Self::DataError(clean(&other.to_string())),
-            },
-            DataFusionError::IoError(io) => {
-                Self::Unavailable { dependency: "object store", message: io.to_string() }
-            }
-            DataFusionError::ObjectStore(os) => {
-                Self::Unavailable { dependency: "object store", message: os.to_string() }
-            }
-            DataFusionError::Plan(_)
-            | DataFusionError::SchemaError(..)
-            | DataFusionError::NotImplemented(_)
-            | DataFusionError::Configuration(_) => {
-                let m = e.strip_backtrace();
-                if let Some(t) = missing_table(&m) {
-                    return table_not_found(&t);
-                }
-                Self::InvalidQuery(clean(&m))
-            }
-            DataFusionError::Internal(_) => Self::Internal(clean(&e.strip_backtrace())),
-            // A task DataFusion spawned panicked or was cancelled: skiff's bug, not the query's.
-            DataFusionError::ExecutionJoin(j) => Self::Internal(if j.is_panic() {
-                "the query hit a bug in skiff (a panic in one of its tasks); it is logged under this request's id"
-                    .into()
-            } else {
-                format!("a task of the query ended early: {j}")
-            }),
-            _ => Self::classify_message(&e.strip_backtrace()),
-        }
-    }
-
-    /// Iceberg errors: a missing table is the client's, a failed catalog or storage
-    /// call is an outage (retryable), and anything else names the file or table it hit.
-    pub fn from_iceberg(e: &iceberg::Error) -> Self {
-        use iceberg::ErrorKind as K;
-        let message = clean(&e.to_string());
-        match e.kind() {
-            K::TableNotFound | K::NamespaceNotFound => Self::TableNotFound(message),
-            K::DataInvalid | K::FeatureUnsupported | K::PreconditionFailed => Self::InvalidQuery(message),
-            // The store answered, but the file is shorter than the table's metadata says:
-            // the file is broken, retrying will not help.
-            _ if shorter_than_listed(&message)
-                || invalid_data_inside(e)
-                || message.contains("source: DataInvalid") =>
-            {
-                Self::DataError(message)
-            }
-            _ => Self::Unavailable {
-                dependency: if message.contains("catalog") { "catalog" } else { "object store" },
-                message,
-            },
-        }
-    }
-
-    fn classify_message(m: &str) -> Self {
-        Self::InvalidQuery(clean(m))
-    }
-
-    /// A copy for errors that crossed DataFusion boxed inside `External`.
-    fn clone_shallow(&self) -> Self {
-        match self {
-            Self::Unavailable { dependency, message } => {
-                Self::Unavailable { dependency, message: message.clone() }
-            }
-            Self::TableNotFound(m) => Self::TableNotFound(m.clone()),
-            Self::Timeout => Self::Timeout,
-            Self::Stalled(m) => Self::Stalled(m.clone()),
-            Self::ShuttingDown(m) => Self::ShuttingDown(m.clone()),
-            Self::Overloaded(m) => Self::Overloaded(m.clone()),
-            Self::InvalidQuery(m) => Self::InvalidQuery(m.clone()),
-            Self::ReadOnly(m) => Self::ReadOnly(m.clone()),
-            Self::DataError(m) => Self::DataError(m.clone()),
-            Self::BadRequest(m) => Self::BadRequest(m.clone()),
-            Self::ResourcesExhausted(m) => Self::ResourcesExhausted(m.clone()),
-            other => Self::Internal(other.to_string()),
+impl From<QueryError> for SkiffError {
+    fn from(e: QueryError) -> Self {
+        match e {
+            QueryError::BadRequest(m) => Self::BadRequest(m),
+            QueryError::SqlSyntax(m) => Self::SqlSyntax(m),
+            QueryError::InvalidQuery(m) => Self::InvalidQuery(m),
+            QueryError::TableNotFound(m) => Self::TableNotFound(m),
+            QueryError::ReadOnly(m) => Self::ReadOnly(m),
+            QueryError::Unavailable { dependency, message } => Self::Unavailable { dependency, message },
+            QueryError::ResourcesExhausted(m) => Self::ResourcesExhausted(m),
+            QueryError::Overloaded(m) => Self::Overloaded(m),
+            QueryError::Timeout => Self::Timeout,
+            QueryError::Stalled(m) => Self::Stalled(m),
+            QueryError::ShuttingDown(m) => Self::ShuttingDown(m),
+            QueryError::DataError(m) => Self::DataError(m),
+            QueryError::Internal(m) => Self::Internal(m),
         }
     }
 }
 
 impl From<DataFusionError> for SkiffError {
     fn from(e: DataFusionError) -> Self {
-        Self::from_datafusion(e)
+        QueryError::from_datafusion(e).into()
     }
 }
 
@@ -324,66 +243,6 @@ impl From<arrow_flight::error::FlightError> for SkiffError {
     }
 }
 
-impl From<iceberg::Error> for SkiffError {
-    fn from(e: iceberg::Error) -> Self {
-        Self::from_iceberg(&e)
-    }
-}
-
-/// opendal's words for a read past a file's end ("reader got too little data", an S3 416):
-/// the file is shorter than the size its manifest lists. A body cut short in transit is
-/// "http response got too little data" instead, and is an outage (opendal retries it).
-fn shorter_than_listed(m: &str) -> bool {
-    m.contains("reader got too little data") || m.contains("RangeNotSatisfied")
-}
-
-/// A file that was read but could not be decoded (a corrupt manifest or manifest list)
-/// arrives as an I/O-kind error whose cause is `DataInvalid`.
-fn invalid_data_inside(e: &iceberg::Error) -> bool {
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        if c.downcast_ref::<iceberg::Error>().is_some_and(|ie| ie.kind() == iceberg::ErrorKind::DataInvalid) {
-            return true;
-        }
-        cause = c.source();
-    }
-    false
-}
-
-/// The table a "not found" planning error names, if that is what it is.
-fn missing_table(m: &str) -> Option<String> {
-    let rest = m.split("table '").nth(1)?;
-    let name = rest.split("' not found").next()?;
-    m.contains("not found").then(|| name.to_string())
-}
-
-/// A missing table, with a clearer word when the "table" was really a file path or URL,
-/// which skiff never reads.
-pub fn table_not_found(name: &str) -> SkiffError {
-    if name.contains('/') || name.contains("://") || name.contains('\\') {
-        return SkiffError::ReadOnly(format!("reading files or URLs as tables is not allowed: {name}"));
-    }
-    SkiffError::TableNotFound(format!("table not found: {name}"))
-}
-
-/// Drops DataFusion's "Error during planning: " style prefixes that say nothing to a client.
-fn clean(m: &str) -> String {
-    let mut s = m.trim();
-    for p in [
-        "Error during planning: ",
-        "External error: ",
-        "Execution error: ",
-        "Schema error: ",
-        "This feature is not implemented: ",
-        "Internal error: ",
-    ] {
-        while let Some(r) = s.strip_prefix(p) {
-            s = r;
-        }
-    }
-    s.to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,6 +253,14 @@ mod tests {
         assert!(matches!(SkiffError::from(e), SkiffError::TableNotFound(m) if m.contains("glass.nope")));
         let e = DataFusionError::Plan("table 'datafusion.public./etc/passwd' not found".into());
         assert!(matches!(SkiffError::from(e), SkiffError::ReadOnly(_)));
+    }
+
+    #[test]
+    fn lake_outages_keep_their_dependency() {
+        let e = DataFusionError::External(Box::new(LakeError::StoreUnavailable("gone".into())));
+        let e = SkiffError::from(e);
+        assert_eq!((e.code(), e.status().as_u16()), ("unavailable", 503));
+        assert!(matches!(e, SkiffError::Unavailable { dependency: "object store", .. }));
     }
 
     #[test]

@@ -5,22 +5,23 @@
 //! `encode`. `config` holds every setting, `error` every failure and its status.
 
 mod auth;
-mod catalog;
 mod config;
 mod encode;
-mod engine;
 mod error;
 mod flight;
 mod http;
-mod lake;
 mod listen;
 mod observe;
+mod state;
 
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use skiff_engine as engine;
+use skiff_lake as lake;
+use skiff_lake::catalog;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{Cli, Command, ServeConfig};
@@ -39,7 +40,7 @@ fn main() -> ExitCode {
     }
     let json_logs = matches!(&cli.command, Some(Command::Serve(cfg)) if cfg.log_format == "json");
     init_tracing(json_logs);
-    observe::panics::install();
+    engine::panics::install();
     // Planning recurses over the query's tree: 8 MiB (tokio's default is 2) leaves room for
     // the deepest query `engine::sql_bounds::MAX_NESTING` lets through.
     let runtime =
@@ -187,7 +188,7 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
     if !auth.enabled() {
         tracing::warn!("API_TOKEN is not set: anyone who can reach {addr} can query the lake");
     }
-    let state = Arc::new(http::AppState {
+    let state = Arc::new(state::AppState {
         engine,
         auth,
         catalog_kind: conn.kind,
@@ -245,7 +246,7 @@ async fn connect_until_ready(
     for attempt in 1u32.. {
         let token_generation = catalog_token.get().0;
         let connected = async {
-            let conn = catalog::connect(cfg, catalog_token).await?;
+            let conn = catalog::connect(&cfg.catalog_options(), catalog_token).await?;
             let dir =
                 cfg.data_cache_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("skiff-data-cache"));
             let data = lake::data_cache::DataCache::new(
@@ -318,24 +319,15 @@ const WIND_DOWN: Duration = Duration::from_secs(2);
 /// rest of the grace period.
 async fn drain(engine: &engine::Engine, grace: Duration, signals: &mut Signals) {
     engine.drain();
-    let running = observe::queries::running_count();
+    let running = engine::queries::running_count();
     tracing::info!(running, grace = ?grace, "shutting down: no new queries; waiting for running ones");
     let deadline = tokio::time::Instant::now() + grace;
-    let mut tick = tokio::time::interval(Duration::from_millis(50));
-    loop {
-        if observe::queries::running_count() == 0 {
-            return;
-        }
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = tokio::time::sleep_until(deadline) => break,
-            _ = signals.next() => {
-                tracing::warn!("second signal: not waiting any longer");
-                break;
-            }
-        }
+    tokio::select! {
+        _ = engine::queries::all_finished() => return,
+        _ = tokio::time::sleep_until(deadline) => {}
+        _ = signals.next() => tracing::warn!("second signal: not waiting any longer"),
     }
-    let left = observe::queries::running_count();
+    let left = engine::queries::running_count();
     tracing::warn!(queries = left, "grace period over: cancelling the queries still running");
     engine.cancel_all();
 }

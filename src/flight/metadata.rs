@@ -14,8 +14,8 @@ use arrow_flight::sql::{
 };
 use datafusion::datasource::TableType;
 use datafusion::prelude::SessionContext;
+use skiff_engine::{CATALOG, Engine, response_schema};
 
-use crate::engine::{CATALOG, Engine, response_schema};
 use crate::error::{Result, SkiffError};
 
 const TABLE_TYPES: [&str; 2] = ["TABLE", "VIEW"];

@@ -38,16 +38,16 @@ use arrow_flight::{
 use base64::Engine as _;
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use prost::Message;
+use skiff_engine::Described;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
 use crate::auth::Auth;
-use crate::engine::Described;
 use crate::error::SkiffError;
-use crate::http::AppState;
 use crate::listen::{Bounds, Connections, Watched};
 use crate::observe::{QueryLog, query_span};
+use crate::state::AppState;
 use handle::Statement;
 
 type DoGetStream = Pin<Box<dyn Stream<Item = Result<FlightData, Status>> + Send + 'static>>;
@@ -223,7 +223,13 @@ impl FlightSqlServer {
         let mut log = QueryLog::new(request_id(md), route);
         log.set_sql(&stmt.sql);
         let started = match stmt.params() {
-            Ok(params) => self.state.engine.execute_with(&stmt.sql, params).instrument(log.span()).await,
+            Ok(params) => self
+                .state
+                .engine
+                .execute_with(&stmt.sql, params)
+                .instrument(log.span())
+                .await
+                .map_err(SkiffError::from),
             Err(e) => Err(e),
         };
         let q = match started {
@@ -432,7 +438,8 @@ impl FlightSqlService for FlightSqlServer {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let stmt = Statement::decode(&cmd.prepared_statement_handle)?;
-        let planned = async { self.state.engine.describe(&stmt.sql, stmt.params()?).await };
+        let planned =
+            async { self.state.engine.describe(&stmt.sql, stmt.params()?).await.map_err(SkiffError::from) };
         let span = query_span(&request_id(request.metadata()), "flight:prepared");
         let described =
             logged(planned.instrument(span).await, &stmt.sql, request.metadata(), "flight:prepared")?;

@@ -10,14 +10,15 @@ use axum::body::Body;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use skiff_lake::Names;
+use skiff_lake::stats::QueryStats;
 
+use super::RequestId;
 use super::query::{Begun, Encoder, begin, body_stream, not_modified, streaming};
-use super::{AppState, RequestId};
 use crate::encode::{basin, json};
-use crate::engine::stats::QueryStats;
 use crate::error::SkiffError;
-use crate::lake::Names;
 use crate::observe::QueryLog;
+use crate::state::AppState;
 
 /// The account and bucket in the path are not read (skiff serves one lake), so not extracted
 /// either: a path segment that is not UTF-8 would otherwise be refused in plain text, before

@@ -15,24 +15,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
+use skiff_lake::catalog::CatalogToken;
+use skiff_metrics as metrics;
 
 use crate::auth::Auth;
-use crate::catalog::CatalogToken;
-use crate::engine::Engine;
 use crate::error::SkiffError;
-use crate::observe::metrics;
-
-/// What every handler shares.
-pub struct AppState {
-    pub engine: Engine,
-    pub auth: Auth,
-    pub catalog_kind: &'static str,
-    pub max_body_bytes: usize,
-    pub max_result_rows: u64,
-    pub max_result_bytes: u64,
-    /// `/metrics` without a token.
-    pub metrics_public: bool,
-}
+use crate::state::AppState;
 
 pub fn router(state: Arc<AppState>) -> Router {
     let mut authed = Router::new()

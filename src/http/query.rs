@@ -19,15 +19,16 @@ use axum::response::{IntoResponse, Response};
 use datafusion::physical_plan::SendableRecordBatchStream;
 use futures::StreamExt;
 use serde::Deserialize;
+use skiff_engine::Query;
+use skiff_lake::Names;
+use skiff_lake::stats::QueryStats;
 
-use super::{AppState, RequestId};
+use super::RequestId;
 use crate::encode::arrow_ipc::{self, IpcEncoder};
 use crate::encode::json;
-use crate::engine::Query;
-use crate::engine::stats::QueryStats;
 use crate::error::{Result, SkiffError};
-use crate::lake::Names;
 use crate::observe::QueryLog;
+use crate::state::{AppState, Cap};
 
 /// The body every query route takes. Other fields (Basin clients send `warehouse`) are
 /// accepted and ignored: skiff serves one lake.
@@ -183,7 +184,7 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
         return Err(SkiffError::PayloadTooLarge { limit });
     }
     let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
-        if format!("{e:?}").contains("LengthLimit") {
+        if std::error::Error::source(&e).is_some_and(|c| c.is::<http_body_util::LengthLimitError>()) {
             SkiffError::PayloadTooLarge { limit }
         } else {
             SkiffError::BadRequest(format!("could not read the request body: {e}"))
@@ -399,19 +400,6 @@ pub fn body_stream<E: Encoder>(
             };
         }
     }))
-}
-
-/// The limits on one result's size.
-#[derive(Debug, Clone, Copy)]
-pub struct Cap {
-    pub rows: u64,
-    pub bytes: u64,
-}
-
-impl AppState {
-    pub fn result_cap(&self) -> Cap {
-        Cap { rows: self.max_result_rows, bytes: self.max_result_bytes }
-    }
 }
 
 impl<E: Encoder> BodyState<E> {

@@ -1,11 +1,9 @@
-//! Observability shared by every front end: the one log line per query ([`QueryLog`]), the
-//! Prometheus metrics (`metrics`), and the recent-queries registry behind `system.queries`
-//! (`queries`).
+//! The one log line per query ([`QueryLog`]), shared by every front end. It lists the query
+//! in the engine's recent-queries registry (`system.queries`) while it runs and records the
+//! Prometheus metrics (the `metrics` crate module) when it ends; this module only logs.
 //!
-//! The metrics and the registry are process-wide statics rather than state owned by the
-//! engine: a process is one server, counters are bumped from deep in the lake and error paths
-//! where no handle is at hand, and so a front end needs nothing but
-//! `QueryLog::new(request_id, route)` to be logged, counted and listed like every other.
+//! A front end needs nothing but `QueryLog::new(request_id, route)` to be logged, counted and
+//! listed like every other.
 //!
 //! A front end's whole part:
 //!
@@ -18,14 +16,14 @@
 //! log.finish(Ok(()));                         // or Err(&e); dropping it unfinished = cancelled
 //! ```
 
-pub mod metrics;
-pub mod panics;
-pub mod queries;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::engine::stats::QueryStats;
+use skiff_engine::error::QueryError;
+use skiff_engine::queries;
+use skiff_lake::stats::QueryStats;
+use skiff_metrics as metrics;
+
 use crate::error::SkiffError;
 
 static LOG_SQL: AtomicBool = AtomicBool::new(false);
@@ -176,7 +174,8 @@ impl Drop for QueryLog {
             self.done = true;
             // Ended by skiff while its client was away (a stall, the deadline), or by the
             // client going away.
-            let outcome = self.running.stats.get().and_then(|s| s.ended()).unwrap_or("cancelled");
+            let ended = self.running.stats.get().and_then(|s| s.ended::<QueryError>());
+            let outcome = ended.map(|e| SkiffError::from(e.clone()).code()).unwrap_or("cancelled");
             self.emit(outcome, None);
         }
     }

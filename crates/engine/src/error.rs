@@ -1,0 +1,194 @@
+//! The engine's errors: what a query can fail for, in the terms a client can act on, with
+//! DataFusion's errors (which carry the lake's inside them) classified by their type. The
+//! server maps each to an HTTP status, an error code and a Basin code; the engine does not.
+
+use datafusion::error::DataFusionError;
+use skiff_lake::error::{LakeError, clean};
+
+/// Why a query failed. Messages never hold a secret.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum QueryError {
+    /// A request the engine refuses before planning (empty, too long, a bad option).
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("SQL syntax error: {0}")]
+    SqlSyntax(String),
+    #[error("{0}")]
+    InvalidQuery(String),
+    #[error("{0}")]
+    TableNotFound(String),
+    /// A statement that would write, or a file or URL read as a table.
+    #[error("{0}")]
+    ReadOnly(String),
+    /// A dependency (`catalog`, `object store`) could not be reached: retryable.
+    #[error("{dependency} is unavailable: {message}")]
+    Unavailable { dependency: &'static str, message: String },
+    #[error("query exceeded its memory or spill limit (--memory-limit, --max-spill-bytes): {0}")]
+    ResourcesExhausted(String),
+    /// No query slot became free in time.
+    #[error("overloaded: {0}; retry later")]
+    Overloaded(String),
+    #[error("query timed out (--query-timeout)")]
+    Timeout,
+    /// The client stopped reading a result that was still coming.
+    #[error("{0}")]
+    Stalled(String),
+    /// The server is draining: no new queries, and what outlives the grace period is cancelled.
+    #[error("skiff is shutting down: {0}")]
+    ShuttingDown(String),
+    /// A data or metadata file that cannot be read as what it should be (corrupt, truncated).
+    #[error("unreadable data: {0}")]
+    DataError(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = QueryError> = std::result::Result<T, E>;
+
+impl From<LakeError> for QueryError {
+    fn from(e: LakeError) -> Self {
+        match e {
+            LakeError::TableNotFound(m) => Self::TableNotFound(m),
+            LakeError::CatalogUnavailable(message) => Self::Unavailable { dependency: "catalog", message },
+            LakeError::StoreUnavailable(message) => Self::Unavailable { dependency: "object store", message },
+            LakeError::Unreadable(m) => Self::DataError(m),
+            LakeError::Invalid(m) => Self::InvalidQuery(m),
+        }
+    }
+}
+
+impl From<iceberg::Error> for QueryError {
+    fn from(e: iceberg::Error) -> Self {
+        LakeError::from_iceberg(&e).into()
+    }
+}
+
+impl From<DataFusionError> for QueryError {
+    fn from(e: DataFusionError) -> Self {
+        Self::from_datafusion(e)
+    }
+}
+
+impl QueryError {
+    /// Classifies a DataFusion error (which wraps the lake's, Iceberg's and I/O errors) by
+    /// its cause's type.
+    pub fn from_datafusion(e: DataFusionError) -> Self {
+        match e.find_root() {
+            DataFusionError::SQL(p, _) => Self::SqlSyntax(p.to_string()),
+            DataFusionError::ResourcesExhausted(m) => Self::ResourcesExhausted(m.clone()),
+            DataFusionError::External(inner) => {
+                if let Some(q) = inner.downcast_ref::<QueryError>() {
+                    return q.clone_shallow();
+                }
+                if let Some(l) = inner.downcast_ref::<LakeError>() {
+                    return l.clone().into();
+                }
+                if let Some(ie) = inner.downcast_ref::<iceberg::Error>() {
+                    return LakeError::from_iceberg(ie).into();
+                }
+                Self::InvalidQuery(clean(&e.strip_backtrace()))
+            }
+            DataFusionError::ParquetError(pe) => match pe.as_ref() {
+                // Reads go through Iceberg's FileIO: its errors are storage outages.
+                parquet::errors::ParquetError::External(inner) => {
+                    if let Some(ie) = inner.downcast_ref::<iceberg::Error>() {
+                        return LakeError::from_iceberg(ie).into();
+                    }
+                    // A row filter evaluates the query's own conditions while decoding: their
+                    // failures (a cast that does not hold) are the query's, not the file's.
+                    // Arrow gives them no type of their own, only this prefix.
+                    if let Some(arrow::error::ArrowError::ComputeError(m)) = inner.downcast_ref()
+                        && m.starts_with("Error evaluating filter predicate")
+                    {
+                        return Self::InvalidQuery(clean(&pe.to_string()));
+                    }
+                    Self::DataError(clean(&pe.to_string()))
+                }
+                other => Self::DataError(clean(&other.to_string())),
+            },
+            DataFusionError::IoError(io) => {
+                Self::Unavailable { dependency: "object store", message: io.to_string() }
+            }
+            DataFusionError::ObjectStore(os) => {
+                Self::Unavailable { dependency: "object store", message: os.to_string() }
+            }
+            DataFusionError::Plan(_)
+            | DataFusionError::SchemaError(..)
+            | DataFusionError::NotImplemented(_)
+            | DataFusionError::Configuration(_) => {
+                let m = e.strip_backtrace();
+                if let Some(t) = missing_table(&m) {
+                    return table_not_found(&t);
+                }
+                Self::InvalidQuery(clean(&m))
+            }
+            DataFusionError::Internal(_) => Self::Internal(clean(&e.strip_backtrace())),
+            // A task DataFusion spawned panicked or was cancelled: skiff's bug, not the query's.
+            DataFusionError::ExecutionJoin(j) => Self::Internal(if j.is_panic() {
+                "the query hit a bug in skiff (a panic in one of its tasks); it is logged under this request's id"
+                    .into()
+            } else {
+                format!("a task of the query ended early: {j}")
+            }),
+            _ => Self::InvalidQuery(clean(&e.strip_backtrace())),
+        }
+    }
+
+    /// A copy for errors that crossed DataFusion boxed inside `External`.
+    fn clone_shallow(&self) -> Self {
+        match self {
+            Self::Unavailable { dependency, message } => {
+                Self::Unavailable { dependency, message: message.clone() }
+            }
+            Self::TableNotFound(m) => Self::TableNotFound(m.clone()),
+            Self::Timeout => Self::Timeout,
+            Self::Stalled(m) => Self::Stalled(m.clone()),
+            Self::ShuttingDown(m) => Self::ShuttingDown(m.clone()),
+            Self::Overloaded(m) => Self::Overloaded(m.clone()),
+            Self::InvalidQuery(m) => Self::InvalidQuery(m.clone()),
+            Self::ReadOnly(m) => Self::ReadOnly(m.clone()),
+            Self::DataError(m) => Self::DataError(m.clone()),
+            Self::BadRequest(m) => Self::BadRequest(m.clone()),
+            Self::ResourcesExhausted(m) => Self::ResourcesExhausted(m.clone()),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
+/// The table a "not found" planning error names, if that is what it is. DataFusion reports
+/// a missing table as a `Plan` error whose only structure is its text.
+fn missing_table(m: &str) -> Option<String> {
+    let rest = m.split("table '").nth(1)?;
+    let name = rest.split("' not found").next()?;
+    m.contains("not found").then(|| name.to_string())
+}
+
+/// A missing table, with a clearer word when the "table" was really a file path or URL,
+/// which skiff never reads.
+pub fn table_not_found(name: &str) -> QueryError {
+    if name.contains('/') || name.contains("://") || name.contains('\\') {
+        return QueryError::ReadOnly(format!("reading files or URLs as tables is not allowed: {name}"));
+    }
+    QueryError::TableNotFound(format!("table not found: {name}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_tables_are_recognised() {
+        let e = DataFusionError::Plan("table 'datafusion.glass.nope' not found".into());
+        assert!(matches!(QueryError::from(e), QueryError::TableNotFound(m) if m.contains("glass.nope")));
+        let e = DataFusionError::Plan("table 'datafusion.public./etc/passwd' not found".into());
+        assert!(matches!(QueryError::from(e), QueryError::ReadOnly(_)));
+    }
+
+    #[test]
+    fn lake_errors_keep_their_kind() {
+        let e = DataFusionError::External(Box::new(LakeError::CatalogUnavailable("down".into())));
+        assert!(matches!(QueryError::from(e), QueryError::Unavailable { dependency: "catalog", .. }));
+        let e = DataFusionError::External(Box::new(LakeError::Unreadable("bad".into())));
+        assert!(matches!(QueryError::from(e), QueryError::DataError(_)));
+    }
+}

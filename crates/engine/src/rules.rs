@@ -1,0 +1,288 @@
+//! Every optimizer rule, plan node and function replacement of skiff's own, in the order they
+//! run, each with a name for its off switch (`--disable-rules a,b` or `all`,
+//! `SKIFF_DISABLED_RULES`). Each one only changes how fast an answer comes, never the answer:
+//! the differential tests run every query with all of them on and with all of them off and
+//! require equal answers, and an operator can turn one off in production without a new build.
+//!
+//! Workarounds for DataFusion bugs (`fixes`) are not listed: they make answers right and are
+//! never off.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::context::SessionState;
+use datafusion::optimizer::OptimizerRule;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::prelude::SessionContext;
+use skiff_lake::ScanOptions;
+
+/// One of skiff's rules: its switch's name and what it does.
+pub struct Rule {
+    pub name: &'static str,
+    pub what: &'static str,
+}
+
+const fn rule(name: &'static str, what: &'static str) -> Rule {
+    Rule { name, what }
+}
+
+/// Every rule, in the order it runs: the analyzer, then logical, then physical rules, then
+/// what the functions and the scan do at execution.
+pub const RULES: &[Rule] = &[
+    rule("share_repeated_subqueries", "a subquery repeated in a query (a CTE read twice) is computed once"),
+    rule(
+        "single_distinct_unless_strings",
+        "DataFusion's rewrite of a lone count(DISTINCT) into a grouping is skipped for strings",
+    ),
+    rule("group_keys_at_scan", "group keys such as date_trunc(…) are computed right above the scan"),
+    rule("whole_partition_windows", "lead/lag/row_number over sorted partitions, many at a time"),
+    rule("dynamic_row_filters", "scans with a join's or top-k's runtime filter filter while decoding"),
+    rule("selective_first", "a row filter tests the condition that keeps the fewest rows first"),
+    rule("string_equalities", "string = literal compared as 16-byte views"),
+    rule("fold_per_file", "conditions and expressions a file's bounds decide are not computed per row"),
+    rule("yielding_joins", "joins yield to the runtime so a cancelled query stops promptly"),
+    rule("distinct_strings_count", "count(DISTINCT string) per group in cache-sized buckets"),
+    rule("date_trunc_fixed_units", "date_trunc to second…week of UTC timestamps by arithmetic"),
+    rule("coalesce_views", "coalesce of string columns and literals by choosing views"),
+    rule("json_once_per_document", "JSON functions parse each distinct document of a batch once"),
+    rule("manifest_statistics", "row counts and column bounds from Iceberg manifests given to the planner"),
+    rule("manifest_pruning", "files whose manifest bounds cannot match are not read"),
+    rule("measured_row_filters", "scans filter while decoding when a sample shows few rows match"),
+];
+
+/// The rules turned off.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Disabled(BTreeSet<&'static str>);
+
+impl Disabled {
+    /// From `--disable-rules`: names from [`RULES`], or `all`. An unknown name is an error
+    /// that lists the known ones, so a typo never leaves a rule on unnoticed.
+    pub fn parse(names: &[String]) -> Result<Self, String> {
+        let mut off = BTreeSet::new();
+        for n in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+            if n == "all" {
+                off.extend(Self::all().0);
+                continue;
+            }
+            match RULES.iter().find(|r| r.name == n) {
+                Some(r) => off.insert(r.name),
+                None => {
+                    let known: Vec<&str> = RULES.iter().map(|r| r.name).collect();
+                    return Err(format!("unknown rule {n:?}; known: all, {}", known.join(", ")));
+                }
+            };
+        }
+        Ok(Self(off))
+    }
+
+    pub fn all() -> Self {
+        Self(RULES.iter().map(|r| r.name).collect())
+    }
+
+    pub fn is_on(&self, name: &str) -> bool {
+        debug_assert!(RULES.iter().any(|r| r.name == name), "{name} is not in RULES");
+        !self.0.contains(name)
+    }
+}
+
+/// `state` with the optimizer rules skiff runs: DataFusion's, with skiff's that are on in
+/// their places.
+pub fn install(state: SessionState, off: &Disabled) -> SessionState {
+    use super::shared;
+    let on = |name| off.is_on(name);
+    let scan = ScanOptions {
+        statistics: on("manifest_statistics"),
+        pruning: on("manifest_pruning"),
+        measured_row_filters: on("measured_row_filters"),
+    };
+    let mut builder = SessionStateBuilder::new_from_existing(state)
+        .with_optimizer_rules(logical(off))
+        .with_physical_optimizer_rules(physical(off));
+    builder.config().get_or_insert_with(Default::default).set_extension(Arc::new(scan));
+    if on("share_repeated_subqueries") {
+        builder = builder
+            .with_analyzer_rule(Arc::new(shared::ShareRepeatedSubqueries))
+            .with_query_planner(Arc::new(shared::Planner));
+    }
+    builder.build()
+}
+
+type LogicalRule = Arc<dyn OptimizerRule + Send + Sync>;
+type PhysicalRule = Arc<dyn PhysicalOptimizerRule + Send + Sync>;
+
+/// DataFusion 53.1's logical rules in the order `Optimizer::new()` runs them, built here so
+/// that skiff's go in their places by construction (a test checks the list against
+/// DataFusion's). One is left out: `EliminateGroupByConstant` turns `GROUP BY <constant>` into
+/// an aggregation without groups, which over no rows answers one row instead of none
+/// (difftest regression 011).
+fn logical(off: &Disabled) -> Vec<LogicalRule> {
+    use datafusion::optimizer::{
+        common_subexpr_eliminate::CommonSubexprEliminate, decorrelate_lateral_join::DecorrelateLateralJoin,
+        decorrelate_predicate_subquery::DecorrelatePredicateSubquery,
+        eliminate_cross_join::EliminateCrossJoin, eliminate_duplicated_expr::EliminateDuplicatedExpr,
+        eliminate_filter::EliminateFilter, eliminate_join::EliminateJoin, eliminate_limit::EliminateLimit,
+        eliminate_outer_join::EliminateOuterJoin, extract_equijoin_predicate::ExtractEquijoinPredicate,
+        extract_leaf_expressions::ExtractLeafExpressions, extract_leaf_expressions::PushDownLeafProjections,
+        filter_null_join_keys::FilterNullJoinKeys, optimize_projections::OptimizeProjections,
+        optimize_unions::OptimizeUnions, propagate_empty_relation::PropagateEmptyRelation,
+        push_down_filter::PushDownFilter, push_down_limit::PushDownLimit,
+        replace_distinct_aggregate::ReplaceDistinctWithAggregate,
+        rewrite_set_comparison::RewriteSetComparison, scalar_subquery_to_join::ScalarSubqueryToJoin,
+        simplify_expressions::SimplifyExpressions, single_distinct_to_groupby::SingleDistinctToGroupBy,
+    };
+    let mut rules: Vec<LogicalRule> = vec![
+        Arc::new(RewriteSetComparison::new()),
+        Arc::new(OptimizeUnions::new()),
+        Arc::new(SimplifyExpressions::new()),
+        Arc::new(ReplaceDistinctWithAggregate::new()),
+        Arc::new(EliminateJoin::new()),
+        Arc::new(DecorrelatePredicateSubquery::new()),
+        Arc::new(ScalarSubqueryToJoin::new()),
+        Arc::new(DecorrelateLateralJoin::new()),
+        Arc::new(ExtractEquijoinPredicate::new()),
+        Arc::new(EliminateDuplicatedExpr::new()),
+        Arc::new(EliminateFilter::new()),
+        Arc::new(EliminateCrossJoin::new()),
+        Arc::new(EliminateLimit::new()),
+        Arc::new(PropagateEmptyRelation::new()),
+        Arc::new(FilterNullJoinKeys::default()),
+        Arc::new(EliminateOuterJoin::new()),
+        Arc::new(PushDownLimit::new()),
+        Arc::new(PushDownFilter::new()),
+    ];
+    rules.push(if off.is_on("single_distinct_unless_strings") {
+        super::count_distinct::single_distinct_unless_strings()
+    } else {
+        Arc::new(SingleDistinctToGroupBy::new())
+    });
+    rules.extend([
+        Arc::new(CommonSubexprEliminate::new()) as LogicalRule,
+        Arc::new(ExtractLeafExpressions::new()),
+        Arc::new(super::fixes::NotOverUnions(Arc::new(PushDownLeafProjections::new()))),
+    ]);
+    // After filters are pushed down, before projections are pruned.
+    if off.is_on("group_keys_at_scan") {
+        rules.push(Arc::new(super::group_keys::GroupKeysAtScan));
+    }
+    rules.push(Arc::new(OptimizeProjections::new()));
+    rules
+}
+
+/// DataFusion 53.1's physical rules in the order `PhysicalOptimizer::new()` runs them, with
+/// skiff's in their places (a test checks the list against DataFusion's).
+fn physical(off: &Disabled) -> Vec<PhysicalRule> {
+    use super::{limits, string_eq, window};
+    use datafusion::physical_optimizer::{
+        aggregate_statistics::AggregateStatistics, combine_partial_final_agg::CombinePartialFinalAggregate,
+        enforce_distribution::EnforceDistribution, enforce_sorting::EnforceSorting,
+        ensure_coop::EnsureCooperative, filter_pushdown::FilterPushdown, join_selection::JoinSelection,
+        limit_pushdown::LimitPushdown, limit_pushdown_past_window::LimitPushPastWindows,
+        limited_distinct_aggregation::LimitedDistinctAggregation, output_requirements::OutputRequirements,
+        projection_pushdown::ProjectionPushdown, pushdown_sort::PushdownSort,
+        sanity_checker::SanityCheckPlan, topk_aggregation::TopKAggregation,
+        update_aggr_exprs::OptimizeAggregateOrder,
+    };
+    let mut rules: Vec<PhysicalRule> = vec![
+        // A fix, not an optimization (no off switch): first, before any rule trusts the
+        // grouping-set aggregations' output properties.
+        Arc::new(super::fixes::NullableGroupingSets),
+        Arc::new(OutputRequirements::new_add_mode()),
+        Arc::new(AggregateStatistics::new()),
+        Arc::new(JoinSelection::new()),
+        Arc::new(LimitedDistinctAggregation::new()),
+        Arc::new(FilterPushdown::new()),
+        Arc::new(EnforceDistribution::new()),
+        Arc::new(CombinePartialFinalAggregate::new()),
+        Arc::new(EnforceSorting::new()),
+        Arc::new(OptimizeAggregateOrder::new()),
+        Arc::new(ProjectionPushdown::new()),
+        Arc::new(OutputRequirements::new_remove_mode()),
+        Arc::new(TopKAggregation::new()),
+        Arc::new(LimitPushPastWindows::new()),
+        Arc::new(LimitPushdown::new()),
+        Arc::new(ProjectionPushdown::new()),
+        Arc::new(PushdownSort::new()),
+        Arc::new(EnsureCooperative::new()),
+    ];
+    // Once sorts are placed, before the last filter push-down adds dynamic filters, which
+    // must find the window nodes already in their final form.
+    if off.is_on("whole_partition_windows") {
+        rules.push(Arc::new(window::WholePartitionWindows));
+    }
+    rules.push(Arc::new(FilterPushdown::new_post_optimization()));
+    // Fixes (no off switch), once the plan's joins and sorts are final.
+    rules.push(Arc::new(super::fixes::CompactJoinBuilds));
+    rules.push(Arc::new(super::fixes::CountWholeWindows));
+    rules.push(Arc::new(super::fixes::SortsForMerges));
+    rules.push(Arc::new(SanityCheckPlan::new()));
+    let last: [(&str, PhysicalRule); 5] = [
+        // On the final plan: scans that received a dynamic filter filter while decoding.
+        ("dynamic_row_filters", Arc::new(skiff_lake::DynamicRowFilters)),
+        ("selective_first", Arc::new(skiff_lake::SelectiveFirst)),
+        // It only changes how a string equality is computed, once the plan is final.
+        ("string_equalities", Arc::new(string_eq::StringEqualities)),
+        // After the row-filter rules, which leave it the scans they do not take.
+        ("fold_per_file", Arc::new(skiff_lake::FoldPerFile)),
+        // After every rule that looks for joins: it wraps them so a cancel takes effect.
+        ("yielding_joins", Arc::new(limits::YieldingJoins)),
+    ];
+    rules.extend(last.into_iter().filter(|(name, _)| off.is_on(name)).map(|(_, r)| r));
+    rules
+}
+
+/// Registers skiff's function replacements that are on.
+pub fn register_functions(ctx: &mut SessionContext, off: &Disabled) -> datafusion::error::Result<()> {
+    use super::{coalesce, count_distinct, date_trunc, json};
+    json::register(ctx, off.is_on("json_once_per_document"))?;
+    if off.is_on("date_trunc_fixed_units") {
+        date_trunc::register(ctx)?;
+    }
+    if off.is_on("coalesce_views") {
+        coalesce::register(ctx)?;
+    }
+    if off.is_on("distinct_strings_count") {
+        ctx.register_udaf(count_distinct::count());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_parse() {
+        let names: BTreeSet<&str> = RULES.iter().map(|r| r.name).collect();
+        assert_eq!(names.len(), RULES.len());
+        assert_eq!(Disabled::parse(&["all".into()]).unwrap(), Disabled::all());
+        let some = Disabled::parse(&["fold_per_file".into(), " selective_first ".into()]).unwrap();
+        assert!(!some.is_on("fold_per_file") && !some.is_on("selective_first"));
+        assert!(some.is_on("string_equalities"));
+        let err = Disabled::parse(&["fold_per_flie".into()]).unwrap_err();
+        assert!(err.contains("fold_per_flie") && err.contains("fold_per_file"), "{err}");
+        assert_eq!(Disabled::parse(&[]).unwrap(), Disabled::default());
+    }
+
+    /// With skiff's rules off, the lists are DataFusion's own, less the one left out: a
+    /// DataFusion upgrade that adds, drops or moves a rule fails here.
+    #[test]
+    fn datafusions_rules_in_datafusions_order() {
+        let names = |n: Vec<&str>| n.into_iter().map(String::from).collect::<Vec<_>>();
+        let ours: Vec<String> = logical(&Disabled::all()).iter().map(|r| r.name().to_string()).collect();
+        let theirs = datafusion::optimizer::Optimizer::new().rules;
+        let theirs: Vec<&str> =
+            theirs.iter().map(|r| r.name()).filter(|n| *n != "eliminate_group_by_constant").collect();
+        assert_eq!(ours, names(theirs));
+        let ours: Vec<String> = physical(&Disabled::all())
+            .iter()
+            .map(|r| r.name().to_string())
+            .filter(|n| {
+                !["nullable_grouping_sets", "compact_join_builds", "count_whole_windows", "sorts_for_merges"]
+                    .contains(&n.as_str())
+            })
+            .collect();
+        let theirs = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
+        assert_eq!(ours, names(theirs.iter().map(|r| r.name()).collect()));
+    }
+}
