@@ -56,7 +56,7 @@ fn main() -> ExitCode {
             Command::Serve(cfg) => serve(*cfg).await,
             Command::Rules => {
                 for r in engine::rules::RULES {
-                    println!("{:<32} {}", r.name, r.what);
+                    println!("{:<32} {}\n{:<32} upstream: {}", r.name, r.what, "", r.upstream);
                 }
                 Ok(())
             }

@@ -17,38 +17,117 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::prelude::SessionContext;
 use skiff_lake::ScanOptions;
 
-/// One of skiff's rules: its switch's name and what it does.
+/// One of skiff's rules: its switch's name, what it does, and the ledger against upstream:
+/// what DataFusion or iceberg-rust has or is building that does the same, and when skiff's
+/// copy can go.
 pub struct Rule {
     pub name: &'static str,
     pub what: &'static str,
+    pub upstream: &'static str,
 }
 
-const fn rule(name: &'static str, what: &'static str) -> Rule {
-    Rule { name, what }
+const fn rule(name: &'static str, what: &'static str, upstream: &'static str) -> Rule {
+    Rule { name, what, upstream }
 }
 
 /// Every rule, in the order it runs: the analyzer, then logical, then physical rules, then
 /// what the functions and the scan do at execution.
 pub const RULES: &[Rule] = &[
-    rule("share_repeated_subqueries", "a subquery repeated in a query (a CTE read twice) is computed once"),
+    rule(
+        "share_repeated_subqueries",
+        "a subquery repeated in a query (a CTE read twice) is computed once",
+        "datafusion#8777 (open) and the subplan materialization epic #22676 (open); goes when a \
+         shared subplan is in skiff's DataFusion and the funnel query reads each CTE once",
+    ),
     rule(
         "single_distinct_unless_strings",
         "DataFusion's rewrite of a lone count(DISTINCT) into a grouping is skipped for strings",
+        "datafusion#15324, a groups accumulator for count(DISTINCT) (open); goes with \
+         distinct_strings_count",
     ),
-    rule("group_keys_at_scan", "group keys such as date_trunc(…) are computed right above the scan"),
-    rule("whole_partition_windows", "lead/lag/row_number over sorted partitions, many at a time"),
-    rule("dynamic_row_filters", "scans with a join's or top-k's runtime filter filter while decoding"),
-    rule("selective_first", "a row filter tests the condition that keeps the fewest rows first"),
-    rule("string_equalities", "string = literal compared as 16-byte views"),
-    rule("fold_per_file", "conditions and expressions a file's bounds decide are not computed per row"),
-    rule("yielding_joins", "joins yield to the runtime so a cancelled query stops promptly"),
-    rule("distinct_strings_count", "count(DISTINCT string) per group in cache-sized buckets"),
-    rule("date_trunc_fixed_units", "date_trunc to second…week of UTC timestamps by arithmetic"),
-    rule("coalesce_views", "coalesce of string columns and literals by choosing views"),
-    rule("json_once_per_document", "JSON functions parse each distinct document of a batch once"),
-    rule("manifest_statistics", "row counts and column bounds from Iceberg manifests given to the planner"),
-    rule("manifest_pruning", "files whose manifest bounds cannot match are not read"),
-    rule("measured_row_filters", "scans filter while decoding when a sample shows few rows match"),
+    rule(
+        "group_keys_at_scan",
+        "group keys such as date_trunc(…) are computed right above the scan",
+        "leaf expression pushdown, datafusion#20117 (merged, get_field only) and epic #25459 \
+         (open); goes when scalar functions are pushed through joins to the scan",
+    ),
+    rule(
+        "whole_partition_windows",
+        "lead/lag/row_number over sorted partitions, many at a time",
+        "datafusion#23982, BoundedWindowAggExec slow for many partitions (closed by a series of \
+         PRs); goes when those are in skiff's DataFusion and `paths` is no slower with it off",
+    ),
+    rule(
+        "dynamic_row_filters",
+        "scans with a join's or top-k's runtime filter filter while decoding",
+        "Parquet filter pushdown by default, datafusion#3463 and #23420 (open); goes when dynamic \
+         filters reach the row filter by default and the FilterExec above goes",
+    ),
+    rule(
+        "selective_first",
+        "a row filter tests the condition that keeps the fewest rows first",
+        "adaptive predicate evaluation, datafusion#22883 (open); goes when Parquet row filters \
+         order conditions by measured selectivity",
+    ),
+    rule(
+        "string_equalities",
+        "string = literal compared as 16-byte views",
+        "arrow-rs#10689 (merged, literals of up to 4 bytes); goes when arrow compares views with \
+         literals of up to 12 bytes (and prefixes of longer ones) as fast",
+    ),
+    rule(
+        "fold_per_file",
+        "conditions and expressions a file's bounds decide are not computed per row",
+        "constant columns per file, datafusion#19136 (merged, min = max only) and #23388 (open); \
+         goes when conditions and buckets a file's range decides are folded upstream",
+    ),
+    rule(
+        "yielding_joins",
+        "joins yield to the runtime so a cancelled query stops promptly",
+        "datafusion#19358, join operators do not yield (open); goes when it is fixed and a \
+         cancelled cross join stops with the rule off",
+    ),
+    rule(
+        "distinct_strings_count",
+        "count(DISTINCT string) per group in cache-sized buckets",
+        "datafusion#15324 (open; #21561 merged covers primitives only); goes when strings have a \
+         count(DISTINCT) groups accumulator as fast",
+    ),
+    rule(
+        "date_trunc_fixed_units",
+        "date_trunc to second…week of UTC timestamps by arithmetic",
+        "datafusion#23542 (merged) and #25326 (open, time zones and coarse units); goes when \
+         both are in skiff's DataFusion and unique_people is no slower with it off",
+    ),
+    rule(
+        "coalesce_views",
+        "coalesce of string columns and literals by choosing views",
+        "coalesce has no runtime kernel upstream (datafusion#25477, open); goes when it gets one",
+    ),
+    rule(
+        "json_once_per_document",
+        "JSON functions parse each distinct document of a batch once",
+        "no upstream issue in datafusion-functions-json; goes when it parses each distinct \
+         document once itself",
+    ),
+    rule(
+        "manifest_statistics",
+        "row counts and column bounds from Iceberg manifests given to the planner",
+        "iceberg-rust#880 and #1428, statistics from iceberg-datafusion (open); goes when its \
+         scan gives per-file statistics to DataFusion's Parquet scan",
+    ),
+    rule(
+        "manifest_pruning",
+        "files whose manifest bounds cannot match are not read",
+        "iceberg-rust's own manifest evaluator, slow to decode (#3262, #3224 open); goes when its \
+         planning is as fast on the first query after a commit",
+    ),
+    rule(
+        "measured_row_filters",
+        "scans filter while decoding when a sample shows few rows match",
+        "datafusion#22883 (open) and #23420 (open, by projection width); goes when row filters \
+         are placed by measured selectivity upstream",
+    ),
 ];
 
 /// The rules turned off.

@@ -367,7 +367,11 @@ pub struct SharedExec {
     state: Arc<SharedState>,
     properties: Arc<PlanProperties>,
     /// The copy's plan as EXPLAIN shows it, with its partition count, hashed: copies share
-    /// their partitions only when these are equal.
+    /// their partitions only when these are equal. Physical plans have no structural equality
+    /// (`ExecutionPlan` is not `PartialEq`, and skiff's own nodes have no codec to compare
+    /// encodings); the display is the one description every node gives, and it shows each
+    /// expression, filter (dynamic ones included) and fetch a later rule may put into one copy
+    /// only. Copies whose plans differ otherwise run separately.
     plan: u64,
 }
 
