@@ -302,7 +302,7 @@ fn fold(filter: &FilterExec, scan: Arc<dyn ExecutionPlan>) -> DFResult<Option<Ar
         let Ok(condition) = reassign_expr_columns(condition.clone(), table) else {
             return Ok(None);
         };
-        if !held.iter().any(|h| *h == &condition) {
+        if !held.contains(&&condition) {
             return Ok(None);
         }
     }
