@@ -17,6 +17,8 @@ pub mod panics;
 pub mod queries;
 pub mod readonly;
 pub mod results;
+#[cfg(test)]
+mod rule_snapshots;
 pub mod rules;
 mod shared;
 pub mod sql_bounds;

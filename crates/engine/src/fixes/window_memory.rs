@@ -4,11 +4,11 @@
 //! 30M events, `max(revenue) OVER (PARTITION BY browser, url ORDER BY timestamp ROWS BETWEEN
 //! CURRENT ROW AND UNBOUNDED FOLLOWING)` got the process OOM-killed at 6 GiB with a 2 GiB pool.
 //!
-//! Under each such window, a `CountedWindowInput` node reserves what the window will hold: every input
-//! batch as it passes, then as much again for the concatenation, until the window is dropped; so
-//! a window the pool cannot hold fails the query (507) instead of the process. Above it,
-//! `SlicedWindowOutput` hands the answer on in slices of the session's batch size, so the operators above
-//! never work on one batch of millions of rows.
+//! Under each such window, a `CountedWindowInput` node reserves what the window will hold:
+//! every input batch as it passes, then as much again for the concatenation, until the window
+//! is dropped; so a window the pool cannot hold fails the query (507) instead of the process.
+//! Above it, `SlicedWindowOutput` hands the answer on in slices of the session's batch size, so
+//! the operators above never work on one batch of millions of rows.
 //!
 //! Upstream: apache/datafusion#23207 (memory accounting for `WindowAggExec`) and #23206 (its
 //! output in batch-size slices); #22946 would let it spill. This file goes when skiff's
@@ -36,8 +36,8 @@ use futures::{StreamExt, stream};
 
 use crate::limits::batch_bytes;
 
-/// Puts a [`Pass`] that counts under and one that slices over every `WindowAggExec`. Runs once the plan's
-/// windows are final.
+/// Puts a [`Pass`] that counts under and one that slices over every `WindowAggExec`. Runs
+/// once the plan's windows are final.
 #[derive(Debug, Default)]
 pub struct CountWholeWindows;
 
