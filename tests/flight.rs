@@ -379,7 +379,7 @@ fn limits_apply_as_over_http() {
     rt().block_on(async {
         let (mut c, auth) = raw(&s, Some(TOKEN)).await;
         let (mut c2, _) = raw(&s, Some(TOKEN)).await;
-        let frees = |c2: &mut FlightServiceClient<Channel>, within: Duration| {
+        let frees = |c2: &FlightServiceClient<Channel>, within: Duration| {
             let mut c2 = c2.clone();
             let auth = auth.clone();
             async move {
@@ -405,7 +405,7 @@ fn limits_apply_as_over_http() {
         let mut stalled = c.do_get(req(ticket.clone(), &auth)).await.unwrap().into_inner();
         let _first = stalled.message().await.unwrap();
         assert_eq!(do_get_code(&mut c2, &auth, ticket.clone()).await, Code::ResourceExhausted);
-        assert!(frees(&mut c2, Duration::from_secs(20)).await, "the slot was not freed:\n{}", s.log_text());
+        assert!(frees(&c2, Duration::from_secs(20)).await, "the slot was not freed:\n{}", s.log_text());
         // Its log line, written when the stream goes, says why it ended.
         drop(stalled);
         eventually(10, || {
@@ -420,7 +420,7 @@ fn limits_apply_as_over_http() {
         // The client goes away: its query is cancelled and the slot frees.
         drop(held);
         drop(c);
-        assert!(frees(&mut c2, Duration::from_secs(5)).await, "the slot was not freed:\n{}", s.log_text());
+        assert!(frees(&c2, Duration::from_secs(5)).await, "the slot was not freed:\n{}", s.log_text());
         eventually(10, || {
             s.log_text()
                 .lines()

@@ -151,14 +151,13 @@ pub async fn scan(
         stats: stats.clone(),
         caches: caches.clone(),
     });
-    let (row_filter, shares) = match options.measured_row_filters {
-        true => {
-            row_filter::pays(state, schema, &projected, filters, &tasks, caches, |t| {
-                factory.open(t.data_file_path.clone(), t.file_size_in_bytes)
-            })
-            .await
-        }
-        false => (false, Shares::from([])),
+    let (row_filter, shares) = if options.measured_row_filters {
+        row_filter::pays(state, schema, &projected, filters, &tasks, caches, |t| {
+            factory.open(t.data_file_path.clone(), t.file_size_in_bytes)
+        })
+        .await
+    } else {
+        (false, Shares::from([]))
     };
     let files = files.as_deref().filter(|_| options.statistics);
     let scan = ParquetScan { schema, files, factory, row_filter, shares, exact_rows: options.statistics };
