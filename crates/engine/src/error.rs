@@ -123,6 +123,13 @@ impl QueryError {
                 Self::InvalidQuery(clean(&m))
             }
             DataFusionError::Internal(_) => Self::Internal(clean(&e.strip_backtrace())),
+            // A batch that does not fit its plan's schema is a bug in the plan, not the query
+            // (DataFusion 53 prunes a recursive CTE's columns that its recursive term reads).
+            DataFusionError::ArrowError(ae, _)
+                if matches!(ae.as_ref(), arrow::error::ArrowError::SchemaError(_)) =>
+            {
+                Self::Internal(clean(&e.strip_backtrace()))
+            }
             // A task DataFusion spawned panicked or was cancelled: skiff's bug, not the query's.
             DataFusionError::ExecutionJoin(j) => Self::Internal(if j.is_panic() {
                 "the query hit a bug in skiff (a panic in one of its tasks); it is logged under this request's id"
@@ -182,6 +189,16 @@ mod tests {
         assert!(matches!(QueryError::from(e), QueryError::TableNotFound(m) if m.contains("glass.nope")));
         let e = DataFusionError::Plan("table 'datafusion.public./etc/passwd' not found".into());
         assert!(matches!(QueryError::from(e), QueryError::ReadOnly(_)));
+    }
+
+    #[test]
+    fn a_batch_off_its_schema_is_a_bug_and_a_bad_value_is_the_query() {
+        use arrow::error::ArrowError;
+        let e =
+            DataFusionError::ArrowError(Box::new(ArrowError::SchemaError("project index 1".into())), None);
+        assert!(matches!(QueryError::from(e), QueryError::Internal(_)));
+        let e = DataFusionError::ArrowError(Box::new(ArrowError::DivideByZero), None);
+        assert!(matches!(QueryError::from(e), QueryError::InvalidQuery(_)));
     }
 
     #[test]

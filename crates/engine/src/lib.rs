@@ -21,6 +21,8 @@ pub mod results;
 mod rule_snapshots;
 pub mod rules;
 mod shared;
+#[cfg(test)]
+mod slt;
 pub mod sql_bounds;
 mod string_eq;
 mod system;
@@ -719,39 +721,12 @@ mod tests {
         })
     }
 
-    /// An engine over a small demo lake.
-    async fn engine(dir: &std::path::Path) -> Engine {
-        skiff_lake::catalog::demo::write(dir, 2000).await.unwrap();
-        let uri = format!("sqlite://{}", dir.join("catalog.db").display());
-        let warehouse = dir.join("warehouse").display().to_string();
-        let conn =
-            skiff_lake::catalog::sql::connect(&uri, &warehouse, None, Default::default()).await.unwrap();
-        let lake =
-            Lake::new(conn.catalog, conn.pointers, Default::default(), skiff_lake::cache::Caches::new(None))
-                .await
-                .unwrap();
-        let limits = Limits {
-            max_sql_bytes: 1 << 20,
-            query_timeout: Duration::from_secs(30),
-            write_timeout: Duration::from_secs(30),
-            max_concurrent: 2,
-            max_queued: 2,
-            queue_timeout: Duration::from_secs(5),
-            memory_limit: 256 << 20,
-            plan: sql_bounds::PlanBounds { max_plan_nodes: 100_000, max_grouping_sets: 4096 },
-            max_value_bytes: 64 << 20,
-            max_array_length: 10_000_000,
-            spill_bytes: 1 << 30,
-            spill_dir: None,
-        };
-        Engine::new(lake, limits, Tuning::default()).unwrap()
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_panic_is_an_internal_error_logged_with_its_request_and_place() {
         let log = captured();
         let dir = tempfile::tempdir().unwrap();
-        let engine = engine(dir.path()).await;
+        let lake = crate::testing::demo_lake(dir.path(), 2000).await;
+        let engine = crate::testing::engine(lake, Tuning::default());
         for in_planning in [true, false] {
             let f = Panics { in_planning, signature: Signature::any(1, Volatility::Immutable) };
             engine.session().register_udf(ScalarUDF::new_from_impl(f));

@@ -74,3 +74,34 @@ pub async fn on_and_off(tables: &[(&str, RecordBatch)], sql: &str) -> (String, S
     let off = session(&Disabled::all(), 256 << 20, tables);
     (answer(&on, sql).await, answer(&off, sql).await)
 }
+
+/// A demo lake of `events` events written into `dir` (Iceberg tables written by skiff, as
+/// `skiff demo` writes them), connected through its SQL catalog.
+pub async fn demo_lake(dir: &std::path::Path, events: u64) -> Arc<skiff_lake::Lake> {
+    skiff_lake::catalog::demo::write(dir, events).await.unwrap();
+    let uri = format!("sqlite://{}", dir.join("catalog.db").display());
+    let warehouse = dir.join("warehouse").display().to_string();
+    let conn = skiff_lake::catalog::sql::connect(&uri, &warehouse, None, Default::default()).await.unwrap();
+    let caches = skiff_lake::cache::Caches::new(None);
+    skiff_lake::Lake::new(conn.catalog, conn.pointers, Default::default(), caches).await.unwrap()
+}
+
+/// An engine over `lake` with test-sized limits (a 256 MiB pool, two queries at a time).
+pub fn engine(lake: Arc<skiff_lake::Lake>, tuning: super::Tuning) -> super::Engine {
+    use std::time::Duration;
+    let limits = super::Limits {
+        max_sql_bytes: 1 << 20,
+        query_timeout: Duration::from_secs(30),
+        write_timeout: Duration::from_secs(30),
+        max_concurrent: 2,
+        max_queued: 2,
+        queue_timeout: Duration::from_secs(5),
+        memory_limit: 256 << 20,
+        plan: super::sql_bounds::PlanBounds { max_plan_nodes: 100_000, max_grouping_sets: 4096 },
+        max_value_bytes: 64 << 20,
+        max_array_length: 10_000_000,
+        spill_bytes: 1 << 30,
+        spill_dir: None,
+    };
+    super::Engine::new(lake, limits, tuning).unwrap()
+}

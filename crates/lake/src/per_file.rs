@@ -60,10 +60,11 @@ impl PhysicalOptimizerRule for FoldPerFile {
     fn optimize(
         &self,
         plan: Arc<dyn ExecutionPlan>,
-        _config: &ConfigOptions,
+        config: &ConfigOptions,
     ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        let batch_size = config.execution.batch_size;
         plan.transform_down(|node| {
-            Ok(match folded(&node)? {
+            Ok(match folded(&node, batch_size)? {
                 Some(scan) => Transformed::yes(scan),
                 None => Transformed::no(node),
             })
@@ -83,7 +84,7 @@ impl PhysicalOptimizerRule for FoldPerFile {
 /// The scan that takes over `node`, a projection or a filter (or a projection over a filter)
 /// over a Parquet scan, when some of its work may fold on a file's bounds. A projection over
 /// a union (the versions of a table) goes into each of its inputs, when each one takes it.
-fn folded(node: &Arc<dyn ExecutionPlan>) -> DFResult<Option<Arc<dyn ExecutionPlan>>> {
+fn folded(node: &Arc<dyn ExecutionPlan>, batch_size: usize) -> DFResult<Option<Arc<dyn ExecutionPlan>>> {
     if let Some(p) = node.as_any().downcast_ref::<ProjectionExec>()
         && p.input().as_any().is::<UnionExec>()
     {
@@ -91,7 +92,7 @@ fn folded(node: &Arc<dyn ExecutionPlan>) -> DFResult<Option<Arc<dyn ExecutionPla
         for input in p.input().children() {
             let projected: Arc<dyn ExecutionPlan> =
                 Arc::new(ProjectionExec::try_new(p.expr().to_vec(), Arc::clone(input))?);
-            match folded(&projected)? {
+            match folded(&projected, batch_size)? {
                 Some(scan) => inputs.push(scan),
                 None => return Ok(None),
             }
@@ -150,6 +151,7 @@ fn folded(node: &Arc<dyn ExecutionPlan>) -> DFResult<Option<Arc<dyn ExecutionPla
     if !may_fold {
         return Ok(None);
     }
+    let folding_filter = predicate.is_some();
     let folding = FoldingSource {
         inner: Arc::new(source.clone()),
         inner_schema: scan_schema,
@@ -158,7 +160,18 @@ fn folded(node: &Arc<dyn ExecutionPlan>) -> DFResult<Option<Arc<dyn ExecutionPla
         output: ProjectionExprs::new(output),
     };
     let config = FileScanConfigBuilder::from(config.clone()).with_source(Arc::new(folding)).build();
-    let plan: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(config);
+    let mut plan: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(config);
+    if folding_filter {
+        // The filter it replaces gathered the rows that pass into full batches across files;
+        // a scan gathers them per file only. Many small files (as Pipelines writes) then make
+        // many small batches, and a hash exchange over those reports each of its output
+        // batches at many times its size (arrow's coalescer keeps a partly filled 1 MiB block
+        // per source batch): 38 MB for 8,000 rows, a 507 in a 256 MiB pool.
+        #[expect(deprecated, reason = "the gathering a FilterExec does inside itself, which a scan does not")]
+        let gathered =
+            datafusion::physical_plan::coalesce_batches::CoalesceBatchesExec::new(plan, batch_size);
+        plan = Arc::new(gathered);
+    }
     // Only where nothing above can tell (a nullability DataFusion derived differently, say).
     if plan.schema().fields() != node.schema().fields() {
         return Ok(None);
