@@ -225,6 +225,19 @@ impl From<DataFusionError> for SkiffError {
     }
 }
 
+impl From<arrow::error::ArrowError> for SkiffError {
+    fn from(e: arrow::error::ArrowError) -> Self {
+        match e {
+            // An encoder's word that the query is at fault (`json::query_fault`).
+            arrow::error::ArrowError::ExternalError(inner) => match inner.downcast::<SkiffError>() {
+                Ok(e) => *e,
+                Err(other) => SkiffError::Internal(format!("encoding the result: {other}")),
+            },
+            e => SkiffError::Internal(format!("encoding the result: {e}")),
+        }
+    }
+}
+
 impl From<SkiffError> for tonic::Status {
     fn from(e: SkiffError) -> Self {
         tonic::Status::new(e.grpc_code(), e.to_string())

@@ -11,7 +11,7 @@
 //! - `accept` failing (no descriptors left) backs off briefly instead of spinning.
 //!
 //! A client that stops reading a result is handled where the result is produced
-//! (`engine::limits::Bounded`): its query is cancelled and its slot freed.
+//! (`engine::deadline::Bounded`): its query is cancelled and its slot freed.
 
 use std::collections::HashMap;
 use std::io;

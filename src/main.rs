@@ -153,7 +153,7 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
         max_concurrent: cfg.max_concurrent_queries,
         max_queued: cfg.max_queued_queries,
         queue_timeout: cfg.queue_timeout,
-        memory_limit: cfg.memory_limit.unwrap_or_else(engine::limits::default_memory_limit),
+        memory_limit: cfg.memory_limit.unwrap_or_else(engine::memory::default_memory_limit),
         plan: engine::sql_bounds::PlanBounds {
             max_plan_nodes: cfg.max_plan_nodes,
             max_grouping_sets: cfg.max_grouping_sets,
@@ -161,7 +161,7 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
         max_value_bytes: cfg.max_value_bytes,
         max_array_length: cfg.max_array_length,
         spill_bytes: cfg.max_spill_bytes.unwrap_or_else(|| {
-            engine::limits::default_spill_bytes(&cfg.spill_dir.clone().unwrap_or_else(std::env::temp_dir))
+            engine::memory::default_spill_bytes(&cfg.spill_dir.clone().unwrap_or_else(std::env::temp_dir))
         }),
         spill_dir: cfg.spill_dir.clone(),
     };

@@ -102,7 +102,7 @@ fn bytes_read(s: &Server, sql: &str) -> u64 {
 }
 
 /// A filter and a bucket that a file's id bounds decide are decided once for the file
-/// (`lake/per_file.rs`), and the file's rows are then not read at all. Files hold ids 0-9,
+/// (`lake/per_file/`), and the file's rows are then not read at all. Files hold ids 0-9,
 /// 100-109, 200-202, 300 and 400-403.
 #[test]
 fn a_files_bounds_decide_its_filter_and_buckets() {

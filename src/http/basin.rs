@@ -14,7 +14,10 @@ use skiff_lake::Names;
 use skiff_lake::stats::QueryStats;
 
 use super::RequestId;
-use super::query::{Begun, Encoder, begin, body_stream, not_modified, streaming};
+use super::query::encoder::Encoder;
+use super::query::etag::not_modified;
+use super::query::stream::{body_stream, streaming};
+use super::query::{Begun, begin};
 use crate::encode::{basin, json};
 use crate::error::SkiffError;
 use crate::observe::QueryLog;

@@ -189,6 +189,11 @@ struct Checked {
     bounds: ValueBounds,
 }
 
+/// The function `f` checks, when `f` is a check.
+pub fn wrapped(f: &dyn ScalarUDFImpl) -> Option<&ScalarUDF> {
+    f.as_any().downcast_ref::<Checked>().map(|c| c.function.as_ref())
+}
+
 impl Checked {
     /// How errors name the call: as the query wrote it.
     fn called(&self) -> String {

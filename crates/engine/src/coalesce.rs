@@ -26,7 +26,7 @@ pub fn register(ctx: &mut SessionContext) -> Result<()> {
 }
 
 #[derive(Debug, PartialEq, Eq, Hash)]
-struct FirstValidView;
+pub(crate) struct FirstValidView;
 
 impl FastPath for FirstValidView {
     fn simplify(

@@ -26,7 +26,7 @@ pub fn register(ctx: &mut SessionContext) -> Result<()> {
 }
 
 #[derive(Debug, PartialEq, Eq, Hash)]
-struct FixedLengthUnits;
+pub(crate) struct FixedLengthUnits;
 
 impl FastPath for FixedLengthUnits {
     fn invoke(&self, function: &ScalarUDF, args: ScalarFunctionArgs) -> Result<ColumnarValue> {

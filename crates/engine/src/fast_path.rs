@@ -55,6 +55,13 @@ pub struct WithFastPath<P> {
     path: P,
 }
 
+impl<P: FastPath> WithFastPath<P> {
+    /// The function `f` evaluates, when `f` is this path's wrapper.
+    pub fn wrapped(f: &dyn ScalarUDFImpl) -> Option<&ScalarUDF> {
+        f.as_any().downcast_ref::<Self>().map(|w| w.function.as_ref())
+    }
+}
+
 impl<P: FastPath> ScalarUDFImpl for WithFastPath<P> {
     fn as_any(&self) -> &dyn Any {
         self

@@ -3,7 +3,7 @@
 //! `GROUP BY date_trunc('week', e.timestamp)` is computed by the aggregation, above any join,
 //! so the scan hands up every timestamp. Computed in a projection right above the table's
 //! scan (and its filter), the key is there for the scan to fold per file
-//! (`lake/per_file.rs`): a week is one value for a file of one day, and the timestamps are
+//! (`lake/per_file/`): a week is one value for a file of one day, and the timestamps are
 //! then not read at all. The key moves through projections, aliases and the preserved side of
 //! inner and outer joins, and only when it reaches a scan; the aggregation then groups by the
 //! computed column under the key's old name.

@@ -47,7 +47,7 @@ pub fn register(ctx: &mut SessionContext, once_per_document: bool) -> Result<()>
 
 /// Parses each distinct document of a batch once.
 #[derive(Debug, PartialEq, Eq, Hash)]
-struct OncePerDocument;
+pub(crate) struct OncePerDocument;
 
 impl FastPath for OncePerDocument {
     fn invoke(&self, function: &ScalarUDF, mut args: ScalarFunctionArgs) -> Result<ColumnarValue> {

@@ -1,10 +1,12 @@
 //! The query engine: one DataFusion session over the lake, the read-only rules, and the one
 //! entry point every front end calls: SQL in, a record-batch stream and its costs out.
 
+pub mod admission;
 mod bounded_functions;
 mod coalesce;
 mod count_distinct;
 mod date_trunc;
+pub mod deadline;
 mod dialect;
 pub mod error;
 mod fast_path;
@@ -12,7 +14,7 @@ mod fixes;
 mod functions;
 mod group_keys;
 mod json;
-pub mod limits;
+pub mod memory;
 pub mod panics;
 pub mod queries;
 pub mod readonly;
@@ -29,6 +31,7 @@ mod system;
 #[cfg(test)]
 mod testing;
 mod window;
+mod yielding_joins;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,7 +56,8 @@ use skiff_metrics::Gauges;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{QueryError, Result};
-use limits::{Admission, Bounded, CANCELLED_AT_SHUTDOWN};
+use admission::{Admission, CANCELLED_AT_SHUTDOWN};
+use deadline::Bounded;
 use results::{CacheUse, ResultCache};
 
 /// The name SQL can give the lake's catalog (`lake.glass.events`); it is also the default,

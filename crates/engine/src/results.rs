@@ -181,7 +181,7 @@ impl Stream for Filling {
         let this = &mut *self;
         match &item {
             Some(Ok(batch)) => {
-                this.bytes += super::limits::batch_bytes(batch);
+                this.bytes += super::memory::batch_bytes(batch);
                 if this.bytes > this.cache.max_answer_bytes {
                     this.kept = None;
                 } else if let Some(kept) = this.kept.as_mut() {

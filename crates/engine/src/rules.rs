@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::SessionState;
+use datafusion::logical_expr::{ScalarUDF, ScalarUDFImpl};
 use datafusion::optimizer::OptimizerRule;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::prelude::SessionContext;
@@ -251,7 +252,7 @@ fn logical(off: &Disabled) -> Vec<LogicalRule> {
 /// DataFusion 53.1's physical rules in the order `PhysicalOptimizer::new()` runs them, with
 /// skiff's in their places (a test checks the list against DataFusion's).
 fn physical(off: &Disabled) -> Vec<PhysicalRule> {
-    use super::{limits, string_eq, window};
+    use super::{string_eq, window, yielding_joins};
     use datafusion::physical_optimizer::{
         aggregate_statistics::AggregateStatistics, combine_partial_final_agg::CombinePartialFinalAggregate,
         enforce_distribution::EnforceDistribution, enforce_sorting::EnforceSorting,
@@ -302,12 +303,25 @@ fn physical(off: &Disabled) -> Vec<PhysicalRule> {
         // It only changes how a string equality is computed, once the plan is final.
         ("string_equalities", Arc::new(string_eq::StringEqualities)),
         // After the row-filter rules, which leave it the scans they do not take.
-        ("fold_per_file", Arc::new(skiff_lake::FoldPerFile)),
+        ("fold_per_file", Arc::new(skiff_lake::FoldPerFile::new(wrapped))),
         // After every rule that looks for joins: it wraps them so a cancel takes effect.
-        ("yielding_joins", Arc::new(limits::YieldingJoins)),
+        ("yielding_joins", Arc::new(yielding_joins::YieldingJoins)),
     ];
     rules.extend(last.into_iter().filter(|(name, _)| off.is_on(name)).map(|(_, r)| r));
     rules
+}
+
+/// The function under one of skiff's wrappers of a function (a faster path, a fix, a bound
+/// on its answer), so that rules that tell DataFusion's functions apart by type know them
+/// when wrapped.
+fn wrapped(f: &dyn ScalarUDFImpl) -> Option<&ScalarUDF> {
+    use super::fast_path::WithFastPath;
+    use super::{bounded_functions, coalesce, date_trunc, fixes, json};
+    WithFastPath::<date_trunc::FixedLengthUnits>::wrapped(f)
+        .or_else(|| WithFastPath::<coalesce::FirstValidView>::wrapped(f))
+        .or_else(|| WithFastPath::<json::OncePerDocument>::wrapped(f))
+        .or_else(|| fixes::wrapped(f))
+        .or_else(|| bounded_functions::wrapped(f))
 }
 
 /// Registers skiff's function replacements that are on.
@@ -363,5 +377,36 @@ mod tests {
             .collect();
         let theirs = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
         assert_eq!(ours, names(theirs.iter().map(|r| r.name()).collect()));
+    }
+
+    /// Every function of skiff's session is a DataFusion function under its wrappers, which
+    /// `wrapped` sees through: `date_trunc` (a faster path) and `round` (a fix) are found as
+    /// DataFusion's, as `fold_per_file` needs them.
+    #[test]
+    fn wrapped_functions_are_seen_through() {
+        use datafusion::execution::FunctionRegistry;
+        use datafusion::functions::datetime::date_trunc::DateTruncFunc;
+        use datafusion::functions::math::round::RoundFunc;
+        let ctx = crate::testing::session(&Disabled::default(), 64 << 20, &[]);
+        let innermost = |f: &ScalarUDF| {
+            let mut f = f.clone();
+            while let Some(under) = wrapped(f.inner().as_ref()) {
+                f = under.clone();
+            }
+            f
+        };
+        for name in ctx.udfs() {
+            let f = ctx.udf(&name).unwrap();
+            assert_eq!(innermost(&f).name(), f.name(), "{name}");
+        }
+        let cases: [(&str, fn(&ScalarUDF) -> bool); 2] = [
+            ("date_trunc", |f| f.inner().as_any().is::<DateTruncFunc>()),
+            ("round", |f| f.inner().as_any().is::<RoundFunc>()),
+        ];
+        for (name, is_datafusions) in cases {
+            let f = ctx.udf(name).unwrap();
+            assert!(!is_datafusions(&f), "{name} is not wrapped");
+            assert!(is_datafusions(&innermost(&f)), "{name}");
+        }
     }
 }

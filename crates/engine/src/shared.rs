@@ -47,7 +47,7 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
-use super::limits::{batch_bytes, compact_views};
+use super::memory::{batch_bytes, compact_views};
 
 /// The analyzer rule; add it after DataFusion's own.
 #[derive(Debug, Default)]

@@ -32,7 +32,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::limits::{batch_bytes, compact_views};
+use super::memory::{batch_bytes, compact_views};
 
 #[derive(Debug, Default)]
 pub struct WholePartitionWindows;

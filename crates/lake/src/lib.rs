@@ -35,7 +35,7 @@ use skiff_metrics as metrics;
 use crate::catalog::TablePointers;
 use cache::Caches;
 use error::LakeError;
-pub use per_file::FoldPerFile;
+pub use per_file::{FoldPerFile, Wrapped};
 pub use reader::with_parquet_source;
 pub use row_filter::{DynamicRowFilters, SelectiveFirst};
 pub use scan::ScanOptions;

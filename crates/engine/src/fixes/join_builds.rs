@@ -29,7 +29,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use crate::limits::compact_views;
+use crate::memory::compact_views;
 
 /// Puts a [`OwnBuffers`] under every hash join's build side (its first child). Runs once the
 /// joins' sides are chosen.

@@ -25,6 +25,11 @@ struct NullArgsAsStrings {
     signature: Signature,
 }
 
+/// The JSON function `f` takes untyped NULLs for, when `f` is such a wrapper.
+pub fn wrapped(f: &dyn ScalarUDFImpl) -> Option<&ScalarUDF> {
+    f.as_any().downcast_ref::<NullArgsAsStrings>().map(|w| w.function.as_ref())
+}
+
 impl ScalarUDFImpl for NullArgsAsStrings {
     fn as_any(&self) -> &dyn Any {
         self

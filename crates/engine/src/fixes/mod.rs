@@ -25,7 +25,7 @@ use datafusion::error::Result;
 use datafusion::execution::FunctionRegistry;
 use datafusion::functions_window::lead_lag::{lag_udwf, lead_udwf};
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
-use datafusion::logical_expr::{AggregateUDF, Expr, LogicalPlan, WindowUDF};
+use datafusion::logical_expr::{AggregateUDF, Expr, LogicalPlan, ScalarUDF, ScalarUDFImpl, WindowUDF};
 use datafusion::optimizer::AnalyzerRule;
 use datafusion::prelude::SessionContext;
 
@@ -49,6 +49,11 @@ pub fn analyzer_rules(skiff_count: Option<Arc<AggregateUDF>>) -> Vec<Arc<dyn Ana
         Arc::new(FilterNullsAreFalse),
         Arc::new(OrderInsensitiveAggregates::new(replaced)),
     ]
+}
+
+/// The function under a fix's wrapper of a built-in, when `f` is one.
+pub fn wrapped(f: &dyn ScalarUDFImpl) -> Option<&ScalarUDF> {
+    round::wrapped(f).or_else(|| json_nulls::wrapped(f))
 }
 
 /// Registers the functions that replace DataFusion's wrong ones.

@@ -26,6 +26,11 @@ pub fn round() -> ScalarUDF {
 #[derive(Debug, PartialEq, Eq, Hash)]
 struct Round(Arc<ScalarUDF>);
 
+/// DataFusion's `round`, when `f` is the fixed one.
+pub fn wrapped(f: &dyn ScalarUDFImpl) -> Option<&ScalarUDF> {
+    f.as_any().downcast_ref::<Round>().map(|r| r.0.as_ref())
+}
+
 impl ScalarUDFImpl for Round {
     fn as_any(&self) -> &dyn Any {
         self

@@ -34,7 +34,7 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, stream};
 
-use crate::limits::batch_bytes;
+use crate::memory::batch_bytes;
 
 /// Puts a [`Pass`] that counts under and one that slices over every `WindowAggExec`. Runs
 /// once the plan's windows are final.
