@@ -209,7 +209,7 @@ fn compare() {
     let (mut same, mut differ) = (0, 0);
     for (name, array) in cases() {
         let batch = RecordBatch::try_from_iter([("c", array)]).unwrap();
-        let ours = String::from_utf8(skiff_rows(&[batch.clone()])).unwrap();
+        let ours = String::from_utf8(skiff_rows(std::slice::from_ref(&batch))).unwrap();
         match arrow_rows(&[batch], &options) {
             Ok(theirs) => {
                 let theirs = String::from_utf8(theirs).unwrap();
