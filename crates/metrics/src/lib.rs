@@ -9,6 +9,13 @@
 //! label values to numbers, is all skiff needs, and the output format is small and stable.
 //! Every label set is bounded (route patterns, status codes, error codes, cache names), so
 //! cardinality cannot grow with traffic.
+//!
+//! `prometheus-client` 0.26 was measured against it (`benches/increments.rs`, 2 threads × 10M
+//! increments of one labelled counter, 2 vCPU Intel Xeon sandbox, 2026-12-06): 31–33 ns per
+//! increment here, 49–50 ns there. And it writes OpenMetrics, not the 0.0.4 format served
+//! here: a `# EOF` line, counters' TYPE named without the `_total` their samples carry, a
+//! period added to each HELP text; the strict parser of `tests/observability.rs` rejects it.
+//! So this stays.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
