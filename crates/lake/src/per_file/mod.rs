@@ -173,7 +173,8 @@ fn folded(
         // batches at many times its size (arrow's coalescer keeps a partly filled 1 MiB block
         // per source batch): 38 MB for 8,000 rows, a 507 in a 256 MiB pool.
         #[expect(deprecated, reason = "the gathering a FilterExec does inside itself, which a scan does not")]
-        let gathered = datafusion::physical_plan::coalesce_batches::CoalesceBatchesExec::new(plan, batch_size);
+        let gathered =
+            datafusion::physical_plan::coalesce_batches::CoalesceBatchesExec::new(plan, batch_size);
         plan = Arc::new(gathered);
     }
     // Only where nothing above can tell (a nullability DataFusion derived differently, say).
