@@ -25,8 +25,28 @@ use crate::error::QueryError;
 /// query (so cancels it) and frees its permit at once; the consumer's next poll gets the error.
 pub struct Bounded {
     state: Arc<std::sync::Mutex<Running>>,
+    woken: Arc<Woken>,
     schema: SchemaRef,
     watchdog: tokio::task::AbortHandle,
+}
+
+/// The waker the query is polled with: it notes when the query woke its consumer. A consumer
+/// whose last poll found nothing ready, and that is never polled again (an HTTP/2 stream whose
+/// client stopped reading is not polled while its window is full), has then not taken a ready
+/// batch since that moment, though none was handed out.
+#[derive(Default)]
+struct Woken {
+    at: std::sync::Mutex<Option<Instant>>,
+    consumer: std::sync::Mutex<Option<std::task::Waker>>,
+}
+
+impl futures::task::ArcWake for Woken {
+    fn wake_by_ref(this: &Arc<Self>) {
+        this.at.lock().expect("woken").get_or_insert_with(Instant::now);
+        if let Some(w) = this.consumer.lock().expect("woken").as_ref() {
+            w.wake_by_ref();
+        }
+    }
 }
 
 struct Running {
@@ -69,6 +89,8 @@ impl Bounded {
             waker: None,
         }));
         let watched = Arc::downgrade(&state);
+        let woken = Arc::new(Woken::default());
+        let woken_watched = Arc::downgrade(&woken);
         let watchdog = tokio::spawn(async move {
             let mut check = tokio::time::interval(stall.clamp(Duration::from_millis(10), Duration::from_secs(1)));
             loop {
@@ -76,8 +98,10 @@ impl Bounded {
                     _ = tokio::time::sleep_until(deadline) => QueryError::Timeout,
                     _ = shutdown.cancelled() => QueryError::ShuttingDown(CANCELLED_AT_SHUTDOWN.into()),
                     _ = check.tick() => {
-                        let Some(state) = watched.upgrade() else { return };
-                        let stalled = state.lock().expect("running").handed_out.is_some_and(|t| t.elapsed() >= stall);
+                        let (Some(state), Some(woken)) = (watched.upgrade(), woken_watched.upgrade()) else { return };
+                        let waited = |t: &Option<Instant>| t.is_some_and(|t| t.elapsed() >= stall);
+                        let stalled = waited(&state.lock().expect("running").handed_out)
+                            || waited(&woken.at.lock().expect("woken"));
                         if !stalled {
                             continue;
                         }
@@ -94,7 +118,7 @@ impl Bounded {
             }
         })
         .abort_handle();
-        Self { state, schema, watchdog }
+        Self { state, woken, schema, watchdog }
     }
 }
 
@@ -108,13 +132,16 @@ impl Stream for Bounded {
     type Item = DFResult<RecordBatch>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        *self.woken.consumer.lock().expect("woken") = Some(cx.waker().clone());
+        *self.woken.at.lock().expect("woken") = None;
+        let waker = futures::task::waker(Arc::clone(&self.woken));
         let mut state = self.state.lock().expect("running");
         state.handed_out = None;
         if let Some(e) = state.ended.take() {
             return Poll::Ready(Some(Err(DataFusionError::External(Box::new(e)))));
         }
         let Some(inner) = state.inner.as_mut() else { return Poll::Ready(None) };
-        match inner.as_mut().poll_next(cx) {
+        match inner.as_mut().poll_next(&mut Context::from_waker(&waker)) {
             Poll::Ready(Some(item)) => {
                 state.handed_out = Some(Instant::now());
                 Poll::Ready(Some(item))
@@ -136,5 +163,52 @@ impl Stream for Bounded {
 impl RecordBatchStream for Bounded {
     fn schema(&self) -> SchemaRef {
         self.schema.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::Int64Array;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+    use futures::StreamExt;
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    /// The consumer polls once, finds nothing ready, and never comes back, while the query
+    /// then has a batch for it: the query ends after `stall` and its slot is free.
+    #[tokio::test]
+    async fn a_consumer_that_never_returns_after_a_pending_poll_is_stalled() {
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        let (tx, rx) = tokio::sync::mpsc::channel::<DFResult<RecordBatch>>(1);
+        let inner = RecordBatchStreamAdapter::new(schema.clone(), from_channel(rx));
+        let slots = Arc::new(Semaphore::new(1));
+        let permit = slots.clone().acquire_owned().await.unwrap();
+        let stall = Duration::from_millis(200);
+        let mut bounded = Bounded::new(
+            Box::pin(inner),
+            Instant::now() + Duration::from_secs(60),
+            stall,
+            CancellationToken::new(),
+            permit,
+            Arc::default(),
+        );
+        let waker = futures::task::noop_waker();
+        assert!(bounded.poll_next_unpin(&mut Context::from_waker(&waker)).is_pending());
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![1]))]).unwrap();
+        tx.send(Ok(batch)).await.unwrap();
+        tokio::time::sleep(stall * 5).await;
+        assert_eq!(slots.available_permits(), 1, "the slot is still held");
+        let next = bounded.next().await.unwrap();
+        assert!(next.unwrap_err().to_string().contains("--write-timeout"));
+    }
+
+    fn from_channel(
+        mut rx: tokio::sync::mpsc::Receiver<DFResult<RecordBatch>>,
+    ) -> impl futures::Stream<Item = DFResult<RecordBatch>> {
+        futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
     }
 }
