@@ -174,26 +174,6 @@ mod tests {
         .await;
     }
 
-    /// Two aggregates sharing one FILTER: the shared condition becomes a common subexpression,
-    /// which once failed the planner's schema check (an internal error).
-    #[tokio::test]
-    async fn aggregates_sharing_a_filter_plan() {
-        expect_equal(
-            "SELECT project, count(DISTINCT device) FILTER (WHERE event = 'buy') AS d, \
-             count(*) FILTER (WHERE event = 'buy') AS n, count(DISTINCT device) AS all_d FROM e GROUP BY project",
-            "SELECT project, count(DISTINCT CASE WHEN event = 'buy' THEN device END) AS d, \
-             sum(CASE WHEN event = 'buy' THEN 1 ELSE 0 END) AS n, count(DISTINCT device) AS all_d \
-             FROM e GROUP BY project",
-        )
-        .await;
-        expect_equal(
-            "SELECT sum(k) FILTER (WHERE revenue < 50) AS s, count(*) FILTER (WHERE revenue < 50) AS n FROM e",
-            "SELECT sum(CASE WHEN revenue < 50 THEN k END) AS s, \
-             sum(CASE WHEN revenue < 50 THEN 1 ELSE 0 END) AS n FROM e",
-        )
-        .await;
-    }
-
     /// DataFusion itself still counts them: when this fails, DataFusion has the fix and
     /// `FilterNullsAreFalse` can go.
     #[tokio::test]
