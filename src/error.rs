@@ -261,14 +261,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn missing_tables_are_recognised() {
-        let e = DataFusionError::Plan("table 'datafusion.glass.nope' not found".into());
-        assert!(matches!(SkiffError::from(e), SkiffError::TableNotFound(m) if m.contains("glass.nope")));
-        let e = DataFusionError::Plan("table 'datafusion.public./etc/passwd' not found".into());
-        assert!(matches!(SkiffError::from(e), SkiffError::ReadOnly(_)));
-    }
-
-    #[test]
     fn lake_outages_keep_their_dependency() {
         let e = DataFusionError::External(Box::new(LakeError::StoreUnavailable("gone".into())));
         let e = SkiffError::from(e);

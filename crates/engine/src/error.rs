@@ -115,13 +115,7 @@ impl QueryError {
             DataFusionError::Plan(_)
             | DataFusionError::SchemaError(..)
             | DataFusionError::NotImplemented(_)
-            | DataFusionError::Configuration(_) => {
-                let m = e.strip_backtrace();
-                if let Some(t) = missing_table(&m) {
-                    return table_not_found(&t);
-                }
-                Self::InvalidQuery(clean(&m))
-            }
+            | DataFusionError::Configuration(_) => Self::InvalidQuery(clean(&e.strip_backtrace())),
             DataFusionError::Internal(_) => Self::Internal(clean(&e.strip_backtrace())),
             // A batch that does not fit its plan's schema is a bug in the plan, not the query
             // (DataFusion 53 prunes a recursive CTE's columns that its recursive term reads).
@@ -162,14 +156,6 @@ impl QueryError {
     }
 }
 
-/// The table a "not found" planning error names, if that is what it is. DataFusion reports
-/// a missing table as a `Plan` error whose only structure is its text.
-fn missing_table(m: &str) -> Option<String> {
-    let rest = m.split("table '").nth(1)?;
-    let name = rest.split("' not found").next()?;
-    m.contains("not found").then(|| name.to_string())
-}
-
 /// A missing table, with a clearer word when the "table" was really a file path or URL,
 /// which skiff never reads.
 pub fn table_not_found(name: &str) -> QueryError {
@@ -182,14 +168,6 @@ pub fn table_not_found(name: &str) -> QueryError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn missing_tables_are_recognised() {
-        let e = DataFusionError::Plan("table 'datafusion.glass.nope' not found".into());
-        assert!(matches!(QueryError::from(e), QueryError::TableNotFound(m) if m.contains("glass.nope")));
-        let e = DataFusionError::Plan("table 'datafusion.public./etc/passwd' not found".into());
-        assert!(matches!(QueryError::from(e), QueryError::ReadOnly(_)));
-    }
 
     #[test]
     fn a_batch_off_its_schema_is_a_bug_and_a_bad_value_is_the_query() {

@@ -484,6 +484,17 @@ struct Planner {
     runtime: tokio::runtime::Handle,
 }
 
+/// The first of `tables` that no schema of the session holds, if any.
+fn missing_table(
+    state: &datafusion::execution::SessionState,
+    tables: &[datafusion::sql::TableReference],
+) -> Option<String> {
+    tables.iter().find_map(|t| {
+        let held = state.schema_for_ref(t.clone()).is_ok_and(|schema| schema.table_exist(t.table()));
+        (!held).then(|| t.to_string())
+    })
+}
+
 impl Planner {
     /// SQL to a checked logical plan: dialect rewrites, then the read-only rules.
     async fn plan(&self, state: &datafusion::execution::SessionState, sql: &str) -> Result<LogicalPlan> {
@@ -493,7 +504,17 @@ impl Planner {
         let parser_dialect = state.config().options().sql_parser.dialect;
         let statement = state.sql_to_statement(rewritten.as_deref().unwrap_or(sql), &parser_dialect)?;
         sql_bounds::check(&statement, &self.bounds)?;
-        let plan = state.statement_to_plan(statement).await?;
+        let tables = state.resolve_table_references(&statement)?;
+        let plan = match state.statement_to_plan(statement).await {
+            Ok(plan) => plan,
+            // DataFusion reports a missing table as a planning error with only text to it:
+            // the catalog says which table is missing.
+            Err(e) => {
+                return Err(
+                    missing_table(state, &tables).map_or_else(|| e.into(), |t| error::table_not_found(&t))
+                );
+            }
+        };
         readonly::check(&plan)?;
         Ok(plan)
     }

@@ -37,7 +37,7 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryRese
 use datafusion::logical_expr::{
     Expr, Extension, LogicalPlan, SubqueryAlias, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
 };
-use datafusion::optimizer::AnalyzerRule;
+use datafusion::optimizer::{AnalyzerRule, OptimizerConfig, OptimizerRule};
 use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -101,6 +101,42 @@ impl AnalyzerRule for ShareRepeatedSubqueries {
 
     fn name(&self) -> &str {
         "share_repeated_subqueries"
+    }
+}
+
+/// The logical rules' last step: every copy of one shared subquery gets the first copy's
+/// optimised plan. The copies go into the optimiser alike and nothing from their parents
+/// reaches into them, so each comes out as valid for all; but common-subexpression
+/// elimination numbers its columns over the whole query (`__common_expr_2` in one copy,
+/// `__common_expr_3` in the next), and copies that differ in those names are planned apart
+/// and share nothing.
+#[derive(Debug, Default)]
+pub struct CopiesAlike;
+
+impl OptimizerRule for CopiesAlike {
+    fn name(&self) -> &str {
+        "shared_copies_alike"
+    }
+
+    fn rewrite(&self, plan: LogicalPlan, _config: &dyn OptimizerConfig) -> Result<Transformed<LogicalPlan>> {
+        let mut first: HashMap<*const Share, LogicalPlan> = HashMap::new();
+        plan.transform_down_with_subqueries(|node| {
+            let Some(shared) = as_shared(&node) else { return Ok(Transformed::no(node)) };
+            let input = match first.get(&Arc::as_ptr(&shared.share)) {
+                None => {
+                    first.insert(Arc::as_ptr(&shared.share), shared.input.clone());
+                    return Ok(Transformed::no(node));
+                }
+                Some(input) if *input != shared.input && input.schema() == shared.input.schema() => {
+                    input.clone()
+                }
+                Some(_) => return Ok(Transformed::no(node)),
+            };
+            let share = shared.share.clone();
+            Ok(Transformed::yes(LogicalPlan::Extension(Extension {
+                node: Arc::new(Shared { input, share }),
+            })))
+        })
     }
 }
 
@@ -259,13 +295,16 @@ enum Kept {
 struct SharedState {
     consumers: usize,
     cells: Mutex<HashMap<(u64, usize), Arc<Cell>>>,
-    /// The copy that computes every partition (per plan): the first to run one. A partition
-    /// of a subtree with an exchange in it (a hash repartition under a grouping) needs every
-    /// input partition; were partitions computed in different copies, each copy would run
-    /// the whole exchange (the funnel read its `e` twice).
+    /// The copy that computes every partition (per plan): the first to run one. Every
+    /// partition a consumer reads, kept or computed again, comes from this one plan. Copies
+    /// that display alike may still split their rows over partitions differently (which files
+    /// each partition of a scan reads is not all shown): a consumer that took partition 0
+    /// from one copy and partition 1 from another read some rows twice and others never.
+    /// And a partition of a subtree with an exchange in it needs every input partition; were
+    /// partitions computed in different copies, each copy would run the whole exchange.
     owners: Mutex<HashMap<u64, Arc<dyn ExecutionPlan>>>,
-    /// The partitions run so far, by plan node (its address) and partition.
-    started: Mutex<HashSet<(usize, usize)>>,
+    /// The partitions run so far, by plan and partition.
+    started: Mutex<HashSet<(u64, usize)>>,
 }
 
 struct Cell {
@@ -279,25 +318,22 @@ impl SharedState {
         Self { consumers, cells: Mutex::default(), owners: Mutex::default(), started: Mutex::default() }
     }
 
-    /// Runs partition `p` of `plan`, or of a fresh copy of `plan` when that partition of this
-    /// very node has run before. A node's partition runs at most once (DataFusion's exchanges
-    /// panic when asked twice: "partition not used yet"), yet a partition is asked again when
-    /// its computation for everyone was abandoned (the consumer that started it was dropped,
-    /// as a `LIMIT` does) or did not fit: then each consumer computes it on its own.
-    fn execute_once(
-        &self,
-        plan: &Arc<dyn ExecutionPlan>,
-        p: usize,
-        ctx: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        let node = Arc::as_ptr(plan) as *const () as usize;
-        let first = self.started.lock().expect("started").insert((node, p));
-        let plan = if first { plan.clone() } else { reset_plan_states(plan.clone())? };
-        plan.execute(p, ctx)
+    /// Makes `input` the owner of `plan`'s partitions, unless a copy asked for one before.
+    fn claim(&self, plan: u64, input: &Arc<dyn ExecutionPlan>) {
+        self.owners.lock().expect("owners").entry(plan).or_insert_with(|| input.clone());
     }
 
-    fn owner(&self, plan: u64, input: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
-        self.owners.lock().expect("owners").entry(plan).or_insert_with(|| input.clone()).clone()
+    /// Runs partition `p` of `plan`'s owner, or of a fresh copy of it when that partition has
+    /// run before. A node's partition runs at most once (DataFusion's exchanges panic when
+    /// asked twice: "partition not used yet"), yet a partition is asked again when its
+    /// computation for everyone was abandoned (the consumer that started it was dropped, as
+    /// a `LIMIT` does) or did not fit, or when it has more consumers than counted: then each
+    /// consumer computes it on its own, from the same plan as every other partition it reads.
+    fn execute_once(&self, plan: u64, p: usize, ctx: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let owner = self.owners.lock().expect("owners")[&plan].clone();
+        let first = self.started.lock().expect("started").insert((plan, p));
+        let owner = if first { owner } else { reset_plan_states(owner)? };
+        owner.execute(p, ctx)
     }
 
     fn cell(&self, plan: u64, p: usize) -> Arc<Cell> {
@@ -321,18 +357,19 @@ impl Cell {
     async fn materialise(
         &self,
         state: &SharedState,
-        input: &Arc<dyn ExecutionPlan>,
+        plan: u64,
+        partitions: usize,
         p: usize,
         ctx: Arc<TaskContext>,
     ) -> Kept {
-        let partitions = input.properties().partitioning.partition_count().max(1);
+        let partitions = partitions.max(1);
         let limit = match ctx.memory_pool().memory_limit() {
             MemoryLimit::Finite(n) => n / 4 / partitions,
             _ => usize::MAX,
         };
         let run = async {
             let reservation = MemoryConsumer::new(format!("SharedExec[{p}]")).register(ctx.memory_pool());
-            let mut stream = state.execute_once(input, p, ctx)?;
+            let mut stream = state.execute_once(plan, p, ctx)?;
             let mut batches = Vec::new();
             while let Some(batch) = stream.next().await {
                 let batch = compact_views(batch?)?;
@@ -444,19 +481,21 @@ impl ExecutionPlan for SharedExec {
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let state = self.state.clone();
         let cell = state.cell(self.plan, partition);
-        let owner = state.owner(self.plan, &self.input);
-        // Should this consumer compute a partition for itself after all, it runs its own copy.
-        let input = self.input.clone();
+        state.claim(self.plan, &self.input);
+        let (plan, partitions) = (self.plan, self.properties.partitioning.partition_count());
         let batches = futures::stream::once(async move {
-            let kept =
-                cell.kept.get_or_init(|| cell.materialise(&state, &owner, partition, ctx.clone())).await;
+            let kept = cell
+                .kept
+                .get_or_init(|| cell.materialise(&state, plan, partitions, partition, ctx.clone()))
+                .await;
             match kept {
                 Kept::Batches(kept) => match cell.take(kept) {
                     Some(batches) => Ok(futures::stream::iter(batches.into_iter().map(Ok)).boxed()),
-                    // More readers than counted: compute it again rather than fail.
-                    None => state.execute_once(&input, partition, ctx).map(|s| s.boxed()),
+                    // More readers than counted (a repeat inside copies that were planned
+                    // apart after all): compute it again rather than fail.
+                    None => state.execute_once(plan, partition, ctx).map(|s| s.boxed()),
                 },
-                Kept::TooLarge => state.execute_once(&input, partition, ctx).map(|s| s.boxed()),
+                Kept::TooLarge => state.execute_once(plan, partition, ctx).map(|s| s.boxed()),
                 Kept::Failed(e) => Err(DataFusionError::Shared(e.clone())),
             }
         })
@@ -469,6 +508,7 @@ impl ExecutionPlan for SharedExec {
 mod tests {
     use arrow::array::{AsArray, Int64Array};
     use arrow::datatypes::{DataType, Field, Int64Type, Schema};
+    use datafusion::common::tree_node::TreeNode;
     use datafusion::datasource::memory::MemorySourceConfig;
     use datafusion::execution::memory_pool::GreedyMemoryPool;
     use datafusion::execution::runtime_env::RuntimeEnvBuilder;
@@ -692,13 +732,89 @@ mod tests {
         assert_eq!(on, off);
     }
 
+    /// A subquery whose copies common-subexpression elimination numbers apart (two aggregates
+    /// under one nullable `FILTER`) is still computed once.
+    #[tokio::test]
+    async fn copies_with_common_subexpressions_are_shared() {
+        use crate::testing;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("g", DataType::Int64, false),
+            Field::new("v", DataType::Int64, true),
+        ]));
+        let events = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from_iter_values((0..10_000).map(|i| i % 7))),
+                Arc::new(Int64Array::from_iter((0..10_000).map(|i| (i % 3 != 0).then_some(i % 11)))),
+            ],
+        )
+        .unwrap();
+        let sql = "WITH s AS (SELECT g, count(*) FILTER (WHERE v > 5) AS a, sum(v) FILTER (WHERE v > 5) AS b \
+                   FROM e GROUP BY g) \
+                   SELECT (SELECT sum(a) FROM s) AS a, (SELECT sum(b) FROM s) AS b, (SELECT count(*) FROM s) AS n";
+        let ctx = testing::session(&Default::default(), 256 << 20, &[("e", events.clone())]);
+        let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        let mut copies = Vec::new();
+        plan.apply(|node| {
+            if let Some(shared) = node.as_any().downcast_ref::<SharedExec>() {
+                copies.push(shared.plan);
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })
+        .unwrap();
+        let shown = displayable(plan.as_ref()).indent(false).to_string();
+        assert_eq!(copies.len(), 3, "{shown}");
+        assert!(copies.iter().all(|&c| c == copies[0]), "copies planned apart:\n{shown}");
+        let (on, off) = testing::on_and_off(&[("e", events)], sql).await;
+        assert!(!on.starts_with("error"), "{on}");
+        assert_eq!(on, off);
+    }
+
     #[tokio::test]
     async fn a_subquery_too_large_to_keep_is_computed_by_each_consumer() {
         let (state, first, second) = copies(100_000);
         let ctx = task(64 << 10);
         assert_eq!(rows(&first, &ctx).await, 100_000);
         assert!(matches!(state.cell(first.plan, 0).kept.get(), Some(Kept::TooLarge)));
-        assert_eq!(rows(&second, &ctx).await, 5, "computed on its own");
+        assert_eq!(rows(&second, &ctx).await, 100_000, "computed again, from the first copy's plan");
         assert_eq!(ctx.memory_pool().reserved(), 0);
+    }
+
+    /// Two copies that display alike but split their rows over partitions differently (as
+    /// two plannings of one Iceberg scan may), with more consumers than counted: each
+    /// consumer still reads every row once, never partition 0 of one copy and partition 1 of
+    /// the other.
+    #[tokio::test]
+    async fn a_consumer_reads_every_partition_from_one_plan() {
+        let schema = Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, false)]));
+        let split = |parts: [i64; 2]| -> Arc<dyn ExecutionPlan> {
+            let part = |v: i64| {
+                vec![RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![v]))]).unwrap()]
+            };
+            MemorySourceConfig::try_new_exec(&[part(parts[0]), part(parts[1])], schema.clone(), None).unwrap()
+        };
+        let state = Arc::new(SharedState::new(1));
+        let (a, b) = (SharedExec::new(split([1, 2]), state.clone()), SharedExec::new(split([2, 1]), state));
+        assert_eq!(a.plan, b.plan, "alike as far as the display shows");
+        let ctx = task(64 << 20);
+        let values = |batches: Vec<Vec<RecordBatch>>| -> Vec<i64> {
+            let mut v: Vec<i64> = batches
+                .iter()
+                .flatten()
+                .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
+                .collect();
+            v.sort();
+            v
+        };
+        let mut seen = [Vec::new(), Vec::new()];
+        // `a` takes partition 0 and `b` partition 1 (each the one counted consumer); each then
+        // reads the other partition, which it must compute again.
+        seen[0].push(a.execute(0, ctx.clone()).unwrap().try_collect().await.unwrap());
+        seen[1].push(b.execute(1, ctx.clone()).unwrap().try_collect().await.unwrap());
+        seen[1].push(b.execute(0, ctx.clone()).unwrap().try_collect().await.unwrap());
+        seen[0].push(a.execute(1, ctx.clone()).unwrap().try_collect().await.unwrap());
+        let [a_rows, b_rows] = seen;
+        assert_eq!(values(a_rows), [1, 2]);
+        assert_eq!(values(b_rows), [1, 2]);
     }
 }

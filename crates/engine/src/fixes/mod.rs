@@ -16,6 +16,7 @@ mod ordered_aggregates;
 mod round;
 mod sorts_for_merges;
 mod string_agg;
+mod truth_tests;
 mod window_memory;
 
 use std::sync::Arc;
@@ -36,6 +37,7 @@ pub use json_nulls::null_args_as_strings;
 pub use leaf_projections::NotOverUnions;
 pub use ordered_aggregates::OrderInsensitiveAggregates;
 pub use sorts_for_merges::SortsForMerges;
+pub use truth_tests::TruthTestsNeverNull;
 pub use window_memory::CountWholeWindows;
 
 /// The analyzer rules that fix plans; `skiff_count` is the `count` skiff registers in place of
@@ -172,6 +174,38 @@ mod tests {
              AS c FROM e GROUP BY project",
         )
         .await;
+    }
+
+    /// Two aggregates under one nullable condition: common-subexpression elimination projects
+    /// the condition's truth test once for both.
+    #[tokio::test]
+    async fn aggregates_sharing_a_nullable_filter() {
+        expect_equal(
+            "SELECT project, count(DISTINCT device) FILTER (WHERE revenue < 50) AS d, \
+             count(*) FILTER (WHERE revenue < 50) AS n FROM e GROUP BY project",
+            "SELECT project, count(DISTINCT CASE WHEN revenue < 50 THEN device END) AS d, \
+             sum(CASE WHEN revenue < 50 THEN 1 ELSE 0 END) AS n FROM e GROUP BY project",
+        )
+        .await;
+        expect_equal(
+            "SELECT project, sum(k) FILTER (WHERE (revenue < 50) IS TRUE) AS s, \
+             count(*) FILTER (WHERE (revenue < 50) IS TRUE) AS n FROM e GROUP BY project",
+            "SELECT project, sum(CASE WHEN revenue < 50 THEN k END) AS s, \
+             sum(CASE WHEN revenue < 50 THEN 1 ELSE 0 END) AS n FROM e GROUP BY project",
+        )
+        .await;
+    }
+
+    /// DataFusion alone fails to plan it: when this fails, DataFusion has the fix and
+    /// `TruthTestsNeverNull` can go.
+    #[tokio::test]
+    async fn datafusion_alone_fails_aggregates_sharing_a_truth_test() {
+        let ctx = SessionContext::new();
+        ctx.register_batch("e", events()).unwrap();
+        let sql = "SELECT project, sum(k) FILTER (WHERE (revenue < 50) IS TRUE) AS s, \
+                   count(*) FILTER (WHERE (revenue < 50) IS TRUE) AS n FROM e GROUP BY project";
+        let answer = answer(&ctx, sql).await;
+        assert!(answer.contains("Physical input schema should be the same"), "{answer}");
     }
 
     /// DataFusion itself still counts them: when this fails, DataFusion has the fix and

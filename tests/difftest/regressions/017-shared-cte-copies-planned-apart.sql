@@ -1,0 +1,7 @@
+-- difftest regression: answers differ from run to run: a group's count(*) 8 to 19 for 14
+-- a CTE read three times whose copies common-subexpression elimination names apart (__common_expr_2, _3, _4), so they were not shared with each other; the scan shared inside them then had more readers than counted, and a consumer that computed one partition itself read partition 0 of its own scan and partition 1 of another copy's, whose files were split over partitions differently
+-- found by: difftest seed 4040 query 493 on a hurt_lake.py lake (4,000 events), reduced by hand; oracle b, in about 1 run in 4
+-- spec: {}
+WITH cte2 AS (SELECT t1."items" AS c0, approx_distinct(t1."items") FILTER (WHERE coalesce((t1.referrer IS NOT DISTINCT FROM CAST(NULL AS VARCHAR)), false)) AS c2, count(*) AS c4 FROM glass.events_v2 t1 GROUP BY t1."items") SELECT u9.c0 AS c0, u9.c2 AS c1, u9.c4 AS c2, (SELECT count(*) AS n FROM cte2 u5 JOIN cte2 u6 ON (u5.c0 = u6.c0)) AS c4 FROM cte2 u9 ORDER BY c0, c1, c2 LIMIT 10;
+-- duckdb:
+WITH cte2 AS (SELECT t1."items" AS c0, approx_count_distinct(t1."items") FILTER (WHERE coalesce((t1.referrer IS NOT DISTINCT FROM CAST(NULL AS VARCHAR)), false)) AS c2, count(*) AS c4 FROM glass.events_v2 t1 GROUP BY t1."items") SELECT u9.c0 AS c0, u9.c2 AS c1, u9.c4 AS c2, (SELECT count(*) AS n FROM cte2 u5 JOIN cte2 u6 ON (u5.c0 = u6.c0)) AS c4 FROM cte2 u9 ORDER BY c0, c1, c2 LIMIT 10;
