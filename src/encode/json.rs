@@ -39,6 +39,13 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 use base64::Engine as _;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Offset, TimeZone};
 
+/// [`write_rows`] into a buffer of its own.
+pub fn rows(batch: &RecordBatch, first: &mut bool) -> Result<Vec<u8>, ArrowError> {
+    let mut out = Vec::with_capacity(batch.num_rows() * 64);
+    write_rows(batch, &mut out, first)?;
+    Ok(out)
+}
+
 /// Appends every row of `batch` to `out` as JSON objects, separated by commas; `first`
 /// says whether a row has been written before (the caller writes `[` and `]`).
 pub fn write_rows(batch: &RecordBatch, out: &mut Vec<u8>, first: &mut bool) -> Result<(), ArrowError> {

@@ -56,7 +56,6 @@ struct Running {
     ended: Option<QueryError>,
     /// Since when a batch handed out waits for the consumer to come back for the next.
     handed_out: Option<Instant>,
-    waker: Option<std::task::Waker>,
 }
 
 impl Running {
@@ -65,9 +64,6 @@ impl Running {
             self.ended = Some(why);
         }
         self.permit = None;
-        if let Some(w) = self.waker.take() {
-            w.wake();
-        }
     }
 }
 
@@ -86,7 +82,6 @@ impl Bounded {
             permit: Some(permit),
             ended: None,
             handed_out: None,
-            waker: None,
         }));
         let watched = Arc::downgrade(&state);
         let woken = Arc::new(Woken::default());
@@ -113,6 +108,12 @@ impl Bounded {
                 if let Some(state) = watched.upgrade() {
                     stats.set_ended(Arc::new(why.clone()));
                     state.lock().expect("running").end(why);
+                }
+                // The consumer's next poll gets the error.
+                if let Some(woken) = woken_watched.upgrade()
+                    && let Some(consumer) = woken.consumer.lock().expect("woken").take()
+                {
+                    consumer.wake();
                 }
                 return;
             }
@@ -152,10 +153,7 @@ impl Stream for Bounded {
                 state.permit = None;
                 Poll::Ready(None)
             }
-            Poll::Pending => {
-                state.waker = Some(cx.waker().clone());
-                Poll::Pending
-            }
+            Poll::Pending => Poll::Pending,
         }
     }
 }

@@ -34,9 +34,7 @@ impl Encoder for JsonArray {
         batch: &RecordBatch,
         first_row: &mut bool,
     ) -> Result<Vec<u8>, arrow::error::ArrowError> {
-        let mut out = Vec::with_capacity(batch.num_rows() * 64);
-        json::write_rows(batch, &mut out, first_row)?;
-        Ok(out)
+        json::rows(batch, first_row)
     }
     fn tail(&mut self) -> Result<Vec<u8>, arrow::error::ArrowError> {
         Ok(b"]".to_vec())

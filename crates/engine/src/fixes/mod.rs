@@ -13,6 +13,7 @@ mod min_max;
 mod nan_sums;
 mod ntile;
 mod ordered_aggregates;
+mod pass;
 mod round;
 mod sorts_for_merges;
 mod string_agg;

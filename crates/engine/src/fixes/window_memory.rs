@@ -14,27 +14,16 @@
 //! output in batch-size slices); #22946 would let it spill. This file goes when skiff's
 //! DataFusion has the first two.
 
-use std::any::Any;
-use std::fmt;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
 
-use arrow::array::RecordBatch;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::TaskContext;
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::error::Result;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::windows::WindowAggExec;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
-};
-use futures::{StreamExt, stream};
 
-use crate::memory::batch_bytes;
+use super::pass::{Job, Pass};
 
 /// Puts a [`Pass`] that counts under and one that slices over every `WindowAggExec`. Runs
 /// once the plan's windows are final.
@@ -48,12 +37,14 @@ impl PhysicalOptimizerRule for CountWholeWindows {
         _config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         plan.transform_up(|node| {
-            if !node.as_any().is::<WindowAggExec>() || node.children()[0].as_any().is::<Pass>() {
+            if !node.as_any().is::<WindowAggExec>()
+                || Pass::job_of(node.children()[0].as_ref()) == Some(Job::CountWindowInput)
+            {
                 return Ok(Transformed::no(node));
             }
-            let input = Arc::new(Pass::new(Job::Count, node.children()[0].clone()));
+            let input = Pass::over(Job::CountWindowInput, node.children()[0].clone());
             let window = node.with_new_children(vec![input])?;
-            Ok(Transformed::yes(Arc::new(Pass::new(Job::Slice, window))))
+            Ok(Transformed::yes(Pass::over(Job::SliceWindowOutput, window)))
         })
         .map(|t| t.data)
     }
@@ -67,132 +58,9 @@ impl PhysicalOptimizerRule for CountWholeWindows {
     }
 }
 
-/// What a [`Pass`] node does to the batches going through it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Job {
-    /// Reserves each batch's memory and, at the end, as much again; frees it when dropped.
-    Count,
-    /// Cuts each batch into slices of at most the session's batch size.
-    Slice,
-}
-
-/// A node that passes its input's batches on, doing its [`Job`] to them.
-#[derive(Debug)]
-pub struct Pass {
-    job: Job,
-    input: Arc<dyn ExecutionPlan>,
-    properties: Arc<PlanProperties>,
-}
-
-impl Pass {
-    fn new(job: Job, input: Arc<dyn ExecutionPlan>) -> Self {
-        let properties = Arc::new(PlanProperties::clone(input.properties()));
-        Self { job, input, properties }
-    }
-}
-
-impl DisplayAs for Pass {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl ExecutionPlan for Pass {
-    fn name(&self) -> &str {
-        match self.job {
-            Job::Count => "CountedWindowInput",
-            Job::Slice => "SlicedWindowOutput",
-        }
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        match children.len() {
-            1 => Ok(Arc::new(Pass::new(self.job, children.swap_remove(0)))),
-            _ => Err(DataFusionError::Internal(format!("{} has one child", self.name()))),
-        }
-    }
-
-    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let input = self.input.execute(partition, Arc::clone(&ctx))?;
-        let schema = input.schema();
-        Ok(match self.job {
-            Job::Count => {
-                let reservation =
-                    MemoryConsumer::new(format!("WindowAggExec[{partition}]")).register(ctx.memory_pool());
-                Box::pin(RecordBatchStreamAdapter::new(schema, Counted { input, reservation, ended: false }))
-            }
-            Job::Slice => {
-                let size = ctx.session_config().batch_size().max(1);
-                let sliced = input.flat_map(move |b| stream::iter(slices(b, size)));
-                Box::pin(RecordBatchStreamAdapter::new(schema, sliced))
-            }
-        })
-    }
-}
-
-/// `input`'s batches, each reserved as it passes, and the whole again when it ends (the
-/// window's concatenation). The reservation lives as long as this stream, which the window keeps
-/// as long as it keeps its batches.
-struct Counted {
-    input: SendableRecordBatchStream,
-    reservation: MemoryReservation,
-    ended: bool,
-}
-
-impl futures::Stream for Counted {
-    type Item = Result<RecordBatch>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.ended {
-            return Poll::Ready(None);
-        }
-        Poll::Ready(match ready!(self.input.poll_next_unpin(cx)) {
-            Some(Ok(batch)) => Some(self.reservation.try_grow(batch_bytes(&batch)).map(|()| batch)),
-            Some(Err(e)) => {
-                self.ended = true;
-                Some(Err(e))
-            }
-            None => {
-                self.ended = true;
-                let whole = self.reservation.size();
-                self.reservation.try_grow(whole).err().map(Err)
-            }
-        })
-    }
-}
-
-/// `batch` as slices of at most `size` rows (zero-copy).
-fn slices(batch: Result<RecordBatch>, size: usize) -> Vec<Result<RecordBatch>> {
-    match batch {
-        Ok(b) if b.num_rows() > size => {
-            (0..b.num_rows()).step_by(size).map(|at| Ok(b.slice(at, size.min(b.num_rows() - at)))).collect()
-        }
-        other => vec![other],
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use arrow::array::Int64Array;
+    use arrow::array::{Int64Array, RecordBatch};
     use arrow::datatypes::{DataType, Field, Schema};
     use datafusion::physical_plan::{collect, displayable};
 
