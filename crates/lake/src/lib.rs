@@ -358,7 +358,8 @@ fn ns_name(ns: &NamespaceIdent) -> String {
 
 /// A failed listing as the catalog's outage, saying which status it answered (the text around it
 /// is not repeated: it holds the response's headers), and in plain words when it refused the
-/// credentials.
+/// credentials. iceberg-rust 0.10 keeps the status only as text in its error's context, which
+/// has no accessor: read from the text until typed REST errors land (apache/iceberg-rust#1918).
 fn catalog_down(e: iceberg::Error) -> LakeError {
     let full = e.to_string();
     let status = full.split("status: ").nth(1).and_then(|r| r.split([',', '}']).next()).map(str::trim);
