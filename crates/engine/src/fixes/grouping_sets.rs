@@ -12,23 +12,19 @@
 //!   tells the optimiser nothing about its rows (no constants, no order), so sorts above it stay.
 //!   Same class as PostgreSQL's fix for ROLLUP with WHERE (v18); no DataFusion issue filed yet.
 
-use std::any::Any;
 use std::collections::HashSet;
-use std::fmt;
 use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{Expr, GroupingSet, LogicalPlan};
 use datafusion::optimizer::AnalyzerRule;
-use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::aggregates::AggregateExec;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
-};
+
+use super::pass::{Job, Pass};
 
 /// Refuses a GROUP BY whose grouping sets (after ROLLUP and CUBE are expanded) list one set of
 /// expressions twice.
@@ -94,7 +90,7 @@ fn first_repeat(exprs: &[Expr]) -> usize {
     (0..exprs.len()).find(|&i| exprs[..i].contains(&exprs[i])).unwrap_or(exprs.len())
 }
 
-/// Puts a [`NullableGroups`] above every aggregation that has grouping sets. Runs first, on
+/// Puts a [`Pass`] that forgets the grouping's properties above every aggregation that has grouping sets. Runs first, on
 /// the plan as the planner made it.
 #[derive(Debug, Default)]
 pub struct NullableGroupingSets;
@@ -111,7 +107,7 @@ impl PhysicalOptimizerRule for NullableGroupingSets {
                 .downcast_ref::<AggregateExec>()
                 .is_some_and(|a| a.group_expr().has_grouping_set());
             Ok(if grouping_sets {
-                Transformed::yes(NullableGroups::over(node))
+                Transformed::yes(Pass::over(Job::ForgetGroupProperties, node))
             } else {
                 Transformed::no(node)
             })
@@ -125,67 +121,6 @@ impl PhysicalOptimizerRule for NullableGroupingSets {
 
     fn schema_check(&self) -> bool {
         true
-    }
-}
-
-/// Passes its input's rows on unchanged and claims nothing about them but their partitioning.
-#[derive(Debug)]
-pub struct NullableGroups {
-    input: Arc<dyn ExecutionPlan>,
-    properties: Arc<PlanProperties>,
-}
-
-impl NullableGroups {
-    fn over(input: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(input.schema()),
-            input.properties().partitioning.clone(),
-            input.properties().emission_type,
-            input.properties().boundedness,
-        ));
-        Arc::new(Self { input, properties })
-    }
-}
-
-impl DisplayAs for NullableGroups {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "NullableGroups")
-    }
-}
-
-impl ExecutionPlan for NullableGroups {
-    fn name(&self) -> &str {
-        "NullableGroups"
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![false]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        match children.len() {
-            1 => Ok(NullableGroups::over(children.swap_remove(0))),
-            _ => Err(DataFusionError::Internal("NullableGroups has one child".into())),
-        }
-    }
-
-    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        self.input.execute(partition, ctx)
     }
 }
 

@@ -1,5 +1,5 @@
 //! A node that passes its input's batches on, doing a [`Job`] to each: the fixes that make
-//! up for what a DataFusion operator counts or emits put one beside it.
+//! up for what a DataFusion operator counts, emits or claims about its rows put one beside it.
 
 use std::any::Any;
 use std::fmt;
@@ -13,6 +13,7 @@ use datafusion::common::utils::memory::get_record_batch_memory_size;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
@@ -32,6 +33,9 @@ pub enum Job {
     /// Under a hash join's build side: copies each batch whose buffers are counted at more
     /// than twice what its rows use ([`own_buffers`]).
     OwnBuffers,
+    /// Over an aggregation with grouping sets: passes its rows on unchanged and claims nothing
+    /// about them but their partitioning (no constants, no order), so sorts above it stay.
+    ForgetGroupProperties,
 }
 
 /// A node that passes its input's batches on, doing its [`Job`] to them.
@@ -44,7 +48,15 @@ pub struct Pass {
 
 impl Pass {
     pub fn over(job: Job, input: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
-        let properties = Arc::new(PlanProperties::clone(input.properties()));
+        let properties = Arc::new(match job {
+            Job::ForgetGroupProperties => PlanProperties::new(
+                EquivalenceProperties::new(input.schema()),
+                input.properties().partitioning.clone(),
+                input.properties().emission_type,
+                input.properties().boundedness,
+            ),
+            _ => PlanProperties::clone(input.properties()),
+        });
         Arc::new(Self { job, input, properties })
     }
 
@@ -66,6 +78,7 @@ impl ExecutionPlan for Pass {
             Job::CountWindowInput => "CountedWindowInput",
             Job::SliceWindowOutput => "SlicedWindowOutput",
             Job::OwnBuffers => "OwnBuffers",
+            Job::ForgetGroupProperties => "NullableGroups",
         }
     }
 
@@ -82,7 +95,7 @@ impl ExecutionPlan for Pass {
     }
 
     fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
+        vec![self.job != Job::ForgetGroupProperties]
     }
 
     fn with_new_children(
@@ -112,6 +125,7 @@ impl ExecutionPlan for Pass {
             Job::OwnBuffers => {
                 Box::pin(RecordBatchStreamAdapter::new(schema, input.map(|b| b.and_then(own_buffers))))
             }
+            Job::ForgetGroupProperties => input,
         })
     }
 }
