@@ -96,10 +96,10 @@ impl QueryError {
                     }
                     // A row filter evaluates the query's own conditions while decoding: their
                     // failures (a cast that does not hold) are the query's, not the file's.
-                    // Arrow gives them no type of their own, only this prefix.
-                    if let Some(arrow::error::ArrowError::ComputeError(m)) = inner.downcast_ref()
-                        && m.starts_with("Error evaluating filter predicate")
-                    {
+                    // DataFusion hands each on as a compute error, the one kind of error only a
+                    // kernel run on decoded values gives (a file that does not decode is a
+                    // Parquet error of its own kind).
+                    if let Some(arrow::error::ArrowError::ComputeError(_)) = inner.downcast_ref() {
                         return Self::InvalidQuery(clean(&pe.to_string()));
                     }
                     Self::DataError(clean(&pe.to_string()))
@@ -168,6 +168,18 @@ pub fn table_not_found(name: &str) -> QueryError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_condition_failing_while_decoding_is_the_query_and_a_bad_file_the_data() {
+        use arrow::error::ArrowError;
+        use parquet::errors::ParquetError;
+        let decoding =
+            |e: ArrowError| DataFusionError::ParquetError(Box::new(ParquetError::External(Box::new(e))));
+        let e = decoding(ArrowError::ComputeError("Cannot cast string 'x' to value of Float64 type".into()));
+        assert!(matches!(QueryError::from(e), QueryError::InvalidQuery(_)));
+        let e = decoding(ArrowError::InvalidArgumentError("column lengths differ".into()));
+        assert!(matches!(QueryError::from(e), QueryError::DataError(_)));
+    }
 
     #[test]
     fn a_batch_off_its_schema_is_a_bug_and_a_bad_value_is_the_query() {
