@@ -34,11 +34,14 @@ impl LakeError {
         match e.kind() {
             K::TableNotFound | K::NamespaceNotFound => Self::TableNotFound(message),
             K::DataInvalid | K::FeatureUnsupported | K::PreconditionFailed => Self::Invalid(message),
-            // The store answered, but the file is shorter than the table's metadata says:
-            // the file is broken, retrying will not help.
-            _ if shorter_than_listed(e, &message)
-                || invalid_data_inside(e)
-                || message.contains("source: DataInvalid") =>
+            // The store answered, but the file is shorter than the table's metadata says (a
+            // read past its end: an S3 416), or it does not decode (a corrupt manifest arrives
+            // as an I/O-kind error caused by `DataInvalid`): retrying will not help.
+            _ if caused_by(e, |c| {
+                c.downcast_ref::<opendal::Error>()
+                    .is_some_and(|o| o.kind() == opendal::ErrorKind::RangeNotSatisfied)
+                    || c.downcast_ref::<iceberg::Error>().is_some_and(|i| i.kind() == K::DataInvalid)
+            }) =>
             {
                 Self::Unreadable(message)
             }
@@ -56,40 +59,14 @@ impl From<iceberg::Error> for LakeError {
 /// Whether an Iceberg error came from the storage layer (OpenDAL) rather than from the
 /// catalog: a SQL catalog reads a table's metadata file itself, so its failures mix both.
 pub fn from_storage(e: &iceberg::Error) -> bool {
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        if c.is::<opendal::Error>() {
-            return true;
-        }
-        cause = c.source();
-    }
-    false
+    caused_by(e, |c| c.is::<opendal::Error>())
 }
 
-/// opendal's words for a read past a file's end ("reader got too little data", an S3 416):
-/// the file is shorter than the size its manifest lists. A body cut short in transit is
-/// "http response got too little data" instead, and is an outage (opendal retries it).
-/// The first is text, because opendal reports that short read as an `Unexpected` error like
-/// any other.
-fn shorter_than_listed(e: &iceberg::Error, m: &str) -> bool {
+/// Whether anything in `e`'s chain of causes is `what`.
+fn caused_by(e: &iceberg::Error, what: impl Fn(&(dyn std::error::Error + 'static)) -> bool) -> bool {
     let mut cause = std::error::Error::source(e);
     while let Some(c) = cause {
-        if c.downcast_ref::<opendal::Error>()
-            .is_some_and(|o| o.kind() == opendal::ErrorKind::RangeNotSatisfied)
-        {
-            return true;
-        }
-        cause = c.source();
-    }
-    m.contains("reader got too little data")
-}
-
-/// A file that was read but could not be decoded (a corrupt manifest or manifest list)
-/// arrives as an I/O-kind error whose cause is `DataInvalid`.
-fn invalid_data_inside(e: &iceberg::Error) -> bool {
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        if c.downcast_ref::<iceberg::Error>().is_some_and(|ie| ie.kind() == iceberg::ErrorKind::DataInvalid) {
+        if what(c) {
             return true;
         }
         cause = c.source();
