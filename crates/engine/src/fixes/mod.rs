@@ -9,6 +9,7 @@ mod join_builds;
 mod json_nulls;
 mod lead_lag;
 mod leaf_projections;
+mod median;
 mod min_max;
 mod nan_sums;
 mod ntile;
@@ -44,8 +45,12 @@ pub use window_memory::CountWholeWindows;
 /// The analyzer rules that fix plans; `skiff_count` is the `count` skiff registers in place of
 /// DataFusion's, if any.
 pub fn analyzer_rules(skiff_count: Option<Arc<AggregateUDF>>) -> Vec<Arc<dyn AnalyzerRule + Send + Sync>> {
-    let mut replaced: Vec<Arc<AggregateUDF>> =
-        min_max::min_and_max().into_iter().chain(nan_sums::sum_and_avg()).map(Arc::new).collect();
+    let mut replaced: Vec<Arc<AggregateUDF>> = min_max::min_and_max()
+        .into_iter()
+        .chain(nan_sums::sum_and_avg())
+        .chain([median::median()])
+        .map(Arc::new)
+        .collect();
     replaced.extend(skiff_count);
     vec![
         Arc::new(DistinctGroupingSets),
@@ -67,7 +72,7 @@ pub fn register(ctx: &mut SessionContext) -> Result<()> {
     ctx.register_udwf(Arc::new(ntile::ntile()))?;
     ctx.register_udf(Arc::new(round::round()))?;
     ctx.register_udaf(Arc::new(string_agg::string_agg()))?;
-    for f in min_max::min_and_max().into_iter().chain(nan_sums::sum_and_avg()) {
+    for f in min_max::min_and_max().into_iter().chain(nan_sums::sum_and_avg()).chain([median::median()]) {
         ctx.register_udaf(Arc::new(f))?;
     }
     Ok(())
