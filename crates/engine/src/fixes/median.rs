@@ -5,25 +5,21 @@
 //! filed upstream (the same overflow in `percentile_cont` is apache/datafusion#25267). When
 //! DataFusion averages them as `a / 2 + b / 2` on overflow, this file goes.
 
-use std::any::Any;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Float64Array};
-use arrow::datatypes::{DataType, FieldRef, Float64Type};
+use arrow::array::{Array, ArrayRef, AsArray, Float64Array};
+use arrow::datatypes::{DataType, Float64Type};
 use datafusion::common::ScalarValue;
 use datafusion::error::Result;
-use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
-use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, EmitTo, GroupsAccumulator, Signature,
-};
+use datafusion::logical_expr::function::AccumulatorArgs;
+use datafusion::logical_expr::{Accumulator, AggregateUDF, EmitTo, GroupsAccumulator};
+
+use super::answers::{Answers, fixed};
 
 /// DataFusion's `median`, with doubles averaged without overflow.
 pub fn median() -> AggregateUDF {
-    AggregateUDF::new_from_impl(Median(datafusion::functions_aggregate::median::median_udaf()))
+    fixed(datafusion::functions_aggregate::median::median_udaf(), Midpoint)
 }
-
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct Median(Arc<AggregateUDF>);
 
 /// The median of `values` (no NULLs), ordered as DataFusion orders doubles (IEEE total order).
 fn median_of(values: &mut [f64]) -> Option<f64> {
@@ -55,152 +51,39 @@ fn medians(lists: &ArrayRef) -> Float64Array {
                 return None;
             }
             let values = lists.value(i);
-            let values = values.as_primitive::<Float64Type>();
-            let mut values: Vec<f64> = values.iter().flatten().collect();
+            let mut values: Vec<f64> = values.as_primitive::<Float64Type>().iter().flatten().collect();
             median_of(&mut values)
         })
         .collect()
 }
 
-fn doubles(args: &AccumulatorArgs) -> bool {
-    args.return_field.data_type() == &DataType::Float64
-}
+/// Medians of doubles worked out by [`median_of`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Midpoint;
 
-impl AggregateUDFImpl for Median {
-    fn as_any(&self) -> &dyn Any {
-        self
+impl Answers for Midpoint {
+    fn applies(&self, args: &AccumulatorArgs) -> bool {
+        args.return_field.data_type() == &DataType::Float64
     }
 
-    fn name(&self) -> &str {
-        self.0.name()
-    }
-
-    fn aliases(&self) -> &[String] {
-        self.0.aliases()
-    }
-
-    fn signature(&self) -> &Signature {
-        self.0.signature()
-    }
-
-    fn return_type(&self, args: &[DataType]) -> Result<DataType> {
-        self.0.return_type(args)
-    }
-
-    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        self.0.state_fields(args)
-    }
-
-    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        let inner = self.0.accumulator(args.clone())?;
-        Ok(if doubles(&args) { Box::new(Midpoint(inner)) } else { inner })
-    }
-
-    fn groups_accumulator_supported(&self, args: AccumulatorArgs) -> bool {
-        self.0.groups_accumulator_supported(args)
-    }
-
-    fn create_groups_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
-        let inner = self.0.create_groups_accumulator(args.clone())?;
-        Ok(if doubles(&args) { Box::new(Midpoints(inner)) } else { inner })
-    }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        self.0.documentation()
-    }
-}
-
-/// DataFusion's accumulator; an infinite answer (an overflow, or an infinity in the middle) is
-/// worked out again from its values.
-#[derive(Debug)]
-struct Midpoint(Box<dyn Accumulator>);
-
-impl Accumulator for Midpoint {
-    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
-        self.0.update_batch(values)
-    }
-
-    fn evaluate(&mut self) -> Result<ScalarValue> {
-        let answer = self.0.evaluate()?;
+    /// DataFusion's answer, unless infinite (an overflow, or an infinity in the middle): that
+    /// one is worked out again from the accumulator's values.
+    fn evaluate(&self, inner: &mut dyn Accumulator) -> Result<ScalarValue> {
+        let answer = inner.evaluate()?;
         if !matches!(answer, ScalarValue::Float64(Some(v)) if v.is_infinite()) {
             return Ok(answer);
         }
         // Taking the state empties the accumulator; merging it back restores it (a window
         // evaluates the same accumulator again).
-        let state: Vec<ArrayRef> =
-            self.0.state()?.iter().map(ScalarValue::to_array).collect::<Result<_>>()?;
-        self.0.merge_batch(&state)?;
+        let state: Vec<ArrayRef> = inner.state()?.iter().map(ScalarValue::to_array).collect::<Result<_>>()?;
+        inner.merge_batch(&state)?;
         Ok(ScalarValue::Float64(Some(medians(&state[0]).value(0))))
     }
 
-    fn size(&self) -> usize {
-        self.0.size()
-    }
-
-    fn state(&mut self) -> Result<Vec<ScalarValue>> {
-        self.0.state()
-    }
-
-    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
-        self.0.merge_batch(states)
-    }
-
-    fn retract_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
-        self.0.retract_batch(values)
-    }
-
-    fn supports_retract_batch(&self) -> bool {
-        self.0.supports_retract_batch()
-    }
-}
-
-/// DataFusion's groups accumulator, each group's median worked out from its values.
-struct Midpoints(Box<dyn GroupsAccumulator>);
-
-impl GroupsAccumulator for Midpoints {
-    fn update_batch(
-        &mut self,
-        values: &[ArrayRef],
-        group_indices: &[usize],
-        opt_filter: Option<&BooleanArray>,
-        total_num_groups: usize,
-    ) -> Result<()> {
-        self.0.update_batch(values, group_indices, opt_filter, total_num_groups)
-    }
-
-    fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
-        let state = self.0.state(emit_to)?;
+    /// Every group's median from its values, which DataFusion's own evaluation reads too.
+    fn evaluate_groups(&self, inner: &mut dyn GroupsAccumulator, emit_to: EmitTo) -> Result<ArrayRef> {
+        let state = inner.state(emit_to)?;
         Ok(Arc::new(medians(&state[0])))
-    }
-
-    fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
-        self.0.state(emit_to)
-    }
-
-    fn merge_batch(
-        &mut self,
-        values: &[ArrayRef],
-        group_indices: &[usize],
-        opt_filter: Option<&BooleanArray>,
-        total_num_groups: usize,
-    ) -> Result<()> {
-        self.0.merge_batch(values, group_indices, opt_filter, total_num_groups)
-    }
-
-    fn convert_to_state(
-        &self,
-        values: &[ArrayRef],
-        opt_filter: Option<&BooleanArray>,
-    ) -> Result<Vec<ArrayRef>> {
-        self.0.convert_to_state(values, opt_filter)
-    }
-
-    fn supports_convert_to_state(&self) -> bool {
-        self.0.supports_convert_to_state()
-    }
-
-    fn size(&self) -> usize {
-        self.0.size()
     }
 }
 

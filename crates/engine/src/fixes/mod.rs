@@ -4,6 +4,7 @@
 //! optimizations and have no off switch.
 
 mod aggregate_filters;
+mod answers;
 mod grouping_sets;
 mod join_builds;
 mod json_nulls;

@@ -7,28 +7,35 @@
 //! (greater than every number, as in PostgreSQL and DuckDB). Upstream: arrow-rs compares
 //! floats with `total_cmp`; no DataFusion issue on aggregate results filed yet.
 
-use std::any::Any;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, AsArray, BooleanArray};
-use arrow::datatypes::{DataType, FieldRef, Float64Type};
+use arrow::array::{ArrayRef, AsArray};
+use arrow::datatypes::{DataType, Float64Type};
 use datafusion::common::ScalarValue;
 use datafusion::error::Result;
-use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
-use datafusion::logical_expr::utils::AggregateOrderSensitivity;
-use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, EmitTo, GroupsAccumulator, ReversedUDAF,
-    SetMonotonicity, Signature,
-};
+use datafusion::logical_expr::{Accumulator, AggregateUDF, EmitTo, GroupsAccumulator};
+
+use super::answers::{Answers, fixed};
 
 /// `sum` and `avg` with one NaN.
 pub fn sum_and_avg() -> [AggregateUDF; 2] {
     use datafusion::functions_aggregate::{average::avg_udaf, sum::sum_udaf};
-    [sum_udaf(), avg_udaf()].map(|inner| AggregateUDF::new_from_impl(OneNan(inner)))
+    [sum_udaf(), avg_udaf()].map(|inner| fixed(inner, OneNan))
 }
 
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct OneNan(Arc<AggregateUDF>);
+/// DataFusion's answer, any NaN in it the positive one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct OneNan;
+
+impl Answers for OneNan {
+    fn evaluate(&self, inner: &mut dyn Accumulator) -> Result<ScalarValue> {
+        inner.evaluate().map(canonical_scalar)
+    }
+
+    fn evaluate_groups(&self, inner: &mut dyn GroupsAccumulator, emit_to: EmitTo) -> Result<ArrayRef> {
+        inner.evaluate(emit_to).map(canonical_array)
+    }
+}
 
 fn canonical(v: f64) -> f64 {
     if v.is_nan() { f64::NAN } else { v }
@@ -52,149 +59,6 @@ fn canonical_array(a: ArrayRef) -> ArrayRef {
             }
         }
         _ => a,
-    }
-}
-
-impl AggregateUDFImpl for OneNan {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn name(&self) -> &str {
-        self.0.name()
-    }
-
-    fn aliases(&self) -> &[String] {
-        self.0.aliases()
-    }
-
-    fn signature(&self) -> &Signature {
-        self.0.signature()
-    }
-
-    fn return_type(&self, args: &[DataType]) -> Result<DataType> {
-        self.0.return_type(args)
-    }
-
-    fn coerce_types(&self, args: &[DataType]) -> Result<Vec<DataType>> {
-        self.0.coerce_types(args)
-    }
-
-    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
-        self.0.state_fields(args)
-    }
-
-    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        Ok(Box::new(OneNanAccumulator(self.0.accumulator(args)?)))
-    }
-
-    fn groups_accumulator_supported(&self, args: AccumulatorArgs) -> bool {
-        self.0.groups_accumulator_supported(args)
-    }
-
-    fn create_groups_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
-        Ok(Box::new(OneNanGroups(self.0.create_groups_accumulator(args)?)))
-    }
-
-    fn create_sliding_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        Ok(Box::new(OneNanAccumulator(self.0.create_sliding_accumulator(args)?)))
-    }
-
-    fn order_sensitivity(&self) -> AggregateOrderSensitivity {
-        self.0.inner().order_sensitivity()
-    }
-
-    fn reverse_expr(&self) -> ReversedUDAF {
-        ReversedUDAF::Identical
-    }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        self.0.documentation()
-    }
-
-    fn set_monotonicity(&self, t: &DataType) -> SetMonotonicity {
-        self.0.inner().set_monotonicity(t)
-    }
-}
-
-#[derive(Debug)]
-struct OneNanAccumulator(Box<dyn Accumulator>);
-
-impl Accumulator for OneNanAccumulator {
-    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
-        self.0.update_batch(values)
-    }
-
-    fn evaluate(&mut self) -> Result<ScalarValue> {
-        self.0.evaluate().map(canonical_scalar)
-    }
-
-    fn size(&self) -> usize {
-        self.0.size()
-    }
-
-    fn state(&mut self) -> Result<Vec<ScalarValue>> {
-        self.0.state()
-    }
-
-    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
-        self.0.merge_batch(states)
-    }
-
-    fn retract_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
-        self.0.retract_batch(values)
-    }
-
-    fn supports_retract_batch(&self) -> bool {
-        self.0.supports_retract_batch()
-    }
-}
-
-struct OneNanGroups(Box<dyn GroupsAccumulator>);
-
-impl GroupsAccumulator for OneNanGroups {
-    fn update_batch(
-        &mut self,
-        values: &[ArrayRef],
-        group_indices: &[usize],
-        opt_filter: Option<&BooleanArray>,
-        total_num_groups: usize,
-    ) -> Result<()> {
-        self.0.update_batch(values, group_indices, opt_filter, total_num_groups)
-    }
-
-    fn evaluate(&mut self, emit_to: EmitTo) -> Result<ArrayRef> {
-        self.0.evaluate(emit_to).map(canonical_array)
-    }
-
-    fn state(&mut self, emit_to: EmitTo) -> Result<Vec<ArrayRef>> {
-        self.0.state(emit_to)
-    }
-
-    fn merge_batch(
-        &mut self,
-        values: &[ArrayRef],
-        group_indices: &[usize],
-        opt_filter: Option<&BooleanArray>,
-        total_num_groups: usize,
-    ) -> Result<()> {
-        self.0.merge_batch(values, group_indices, opt_filter, total_num_groups)
-    }
-
-    fn convert_to_state(
-        &self,
-        values: &[ArrayRef],
-        opt_filter: Option<&BooleanArray>,
-    ) -> Result<Vec<ArrayRef>> {
-        self.0.convert_to_state(values, opt_filter)
-    }
-
-    fn supports_convert_to_state(&self) -> bool {
-        self.0.supports_convert_to_state()
-    }
-
-    fn size(&self) -> usize {
-        self.0.size()
     }
 }
 
