@@ -502,14 +502,17 @@ impl Planner {
         let sql = numbered.as_deref().unwrap_or(sql);
         let rewritten = dialect::rewrite(sql);
         let parser_dialect = state.config().options().sql_parser.dialect;
-        let statement = state.sql_to_statement(rewritten.as_deref().unwrap_or(sql), &parser_dialect)?;
+        let text = rewritten.as_deref().unwrap_or(sql);
+        let statement = state.sql_to_statement(text, &parser_dialect)?;
         sql_bounds::check(&statement, &self.bounds)?;
-        let tables = state.resolve_table_references(&statement)?;
         let plan = match state.statement_to_plan(statement).await {
             Ok(plan) => plan,
             // DataFusion reports a missing table as a planning error with only text to it:
-            // the catalog says which table is missing.
+            // the catalog says which table is missing. The statement went into planning, so
+            // the text is parsed again, on this failed path only.
             Err(e) => {
+                let statement = state.sql_to_statement(text, &parser_dialect)?;
+                let tables = state.resolve_table_references(&statement)?;
                 return Err(
                     missing_table(state, &tables).map_or_else(|| e.into(), |t| error::table_not_found(&t))
                 );

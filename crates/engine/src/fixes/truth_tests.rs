@@ -41,10 +41,7 @@ impl OptimizerRule for TruthTestsNeverNull {
                     return Ok(Transformed::no(e));
                 }
                 let saved = names.save(&e);
-                let test = match e {
-                    Expr::Alias(a) => *a.expr,
-                    e => e,
-                };
+                let test = e.unalias_nested().data;
                 Ok(Transformed::yes(saved.restore(never_null().call(vec![test]))))
             })
         })
