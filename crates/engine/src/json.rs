@@ -13,7 +13,7 @@ use arrow::array::{Array, ArrayAccessor, ArrayRef, AsArray, UInt32Array};
 use arrow::compute::take;
 use arrow::datatypes::DataType;
 use datafusion::error::Result;
-use datafusion::execution::FunctionRegistry;
+use datafusion::execution::{FunctionRegistry, SessionStateBuilder};
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF};
 use datafusion::prelude::SessionContext;
 use hashbrown::HashMap;
@@ -28,8 +28,10 @@ const SAMPLE: usize = 1024;
 /// document once.
 pub fn register(ctx: &mut SessionContext, once_per_document: bool) -> Result<()> {
     datafusion_functions_json::register_all(ctx)?;
-    let names: Vec<String> =
-        ctx.state().scalar_functions().keys().filter(|n| n.starts_with("json_")).cloned().collect();
+    // The crate's functions are those it registers into a registry that starts empty.
+    let mut own = SessionStateBuilder::new().build();
+    datafusion_functions_json::register_all(&mut own)?;
+    let names: Vec<String> = own.scalar_functions().keys().cloned().collect();
     for name in &names {
         let function = ctx.udf(name)?;
         // A function registered under several names is met once per name.
@@ -121,6 +123,34 @@ mod tests {
             "{name} is wrapped twice"
         );
         (plain, wrapped)
+    }
+
+    #[test]
+    fn the_crates_functions_and_only_those_are_wrapped() {
+        use datafusion_functions_json::udfs;
+        let json: Vec<String> = [
+            udfs::json_get_udf(),
+            udfs::json_get_bool_udf(),
+            udfs::json_get_float_udf(),
+            udfs::json_get_int_udf(),
+            udfs::json_get_json_udf(),
+            udfs::json_get_array_udf(),
+            udfs::json_as_text_udf(),
+            udfs::json_get_str_udf(),
+            udfs::json_contains_udf(),
+            udfs::json_length_udf(),
+            udfs::json_object_keys_udf(),
+            udfs::json_from_scalar_udf(),
+        ]
+        .iter()
+        .map(|f| f.name().to_string())
+        .collect();
+        let mut ctx = SessionContext::new();
+        register(&mut ctx, true).unwrap();
+        for (name, f) in ctx.state().scalar_functions() {
+            let once = WithFastPath::<OncePerDocument>::wrapped(f.inner().as_ref()).is_some();
+            assert_eq!(once, json.contains(&f.name().to_string()), "{name}");
+        }
     }
 
     fn call(f: &ScalarUDF, docs: ArrayRef, path: &[&str], returns: DataType) -> ArrayRef {

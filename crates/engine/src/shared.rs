@@ -10,8 +10,9 @@
 //!   last one frees them. The physical optimiser must then leave every copy alike too:
 //!   `SharedExec` takes no sort from its parent (DataFusion pushes a sort below nodes that
 //!   keep their input's order, which put a `SortExec` in one copy only, and a window then
-//!   read the other copy's unsorted rows), and copies that still end up planned differently
-//!   share nothing with each other.
+//!   read the other copy's unsorted rows). Nothing from a copy's parents reaches into it, so
+//!   every copy is planned alike and every consumer can read the first copy's rows; a copy
+//!   whose output properties still differ (partitioning, order) runs on its own.
 //!
 //! A subquery whose output does not fit in a quarter of the memory pool is not kept: each
 //! consumer then computes it on its own, as without sharing. No consumer's dynamic filter
@@ -41,7 +42,7 @@ use datafusion::optimizer::{AnalyzerRule, OptimizerConfig, OptimizerRule};
 use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream, displayable,
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, SendableRecordBatchStream,
 };
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
 use futures::{StreamExt, TryStreamExt};
@@ -288,23 +289,20 @@ enum Kept {
 }
 
 /// One shared subtree's output: each partition computed once, kept until its last consumer
-/// has read it. Partitions are keyed by the copy's plan (`SharedExec::plan`): should a later
-/// rule plan one copy differently, its rows may differ (in order, or in partitioning) and
-/// are never mixed up with the others' (that copy's kept batches then wait for the query's
-/// end to be freed, as its cells never see every consumer).
+/// has read it.
 struct SharedState {
     consumers: usize,
-    cells: Mutex<HashMap<(u64, usize), Arc<Cell>>>,
-    /// The copy that computes every partition (per plan): the first to run one. Every
-    /// partition a consumer reads, kept or computed again, comes from this one plan. Copies
-    /// that display alike may still split their rows over partitions differently (which files
-    /// each partition of a scan reads is not all shown): a consumer that took partition 0
-    /// from one copy and partition 1 from another read some rows twice and others never.
-    /// And a partition of a subtree with an exchange in it needs every input partition; were
-    /// partitions computed in different copies, each copy would run the whole exchange.
-    owners: Mutex<HashMap<u64, Arc<dyn ExecutionPlan>>>,
-    /// The partitions run so far, by plan and partition.
-    started: Mutex<HashSet<(u64, usize)>>,
+    cells: Mutex<HashMap<usize, Arc<Cell>>>,
+    /// The copy that computes every partition: the first to run one. Every partition a
+    /// consumer reads, kept or computed again, comes from this one plan. Copies planned alike
+    /// may still split their rows over partitions differently (two plannings of one Iceberg
+    /// scan may give a partition other files): a consumer that took partition 0 from one copy
+    /// and partition 1 from another read some rows twice and others never. And a partition of
+    /// a subtree with an exchange in it needs every input partition; were partitions computed
+    /// in different copies, each copy would run the whole exchange.
+    owner: OnceLock<Arc<dyn ExecutionPlan>>,
+    /// The partitions run so far.
+    started: Mutex<HashSet<usize>>,
 }
 
 struct Cell {
@@ -315,31 +313,31 @@ struct Cell {
 
 impl SharedState {
     fn new(consumers: usize) -> Self {
-        Self { consumers, cells: Mutex::default(), owners: Mutex::default(), started: Mutex::default() }
+        Self { consumers, cells: Mutex::default(), owner: OnceLock::new(), started: Mutex::default() }
     }
 
-    /// Makes `input` the owner of `plan`'s partitions, unless a copy asked for one before.
-    fn claim(&self, plan: u64, input: &Arc<dyn ExecutionPlan>) {
-        self.owners.lock().expect("owners").entry(plan).or_insert_with(|| input.clone());
+    /// The plan that computes every partition: `input`, unless a copy claimed it before.
+    fn claim(&self, input: &Arc<dyn ExecutionPlan>) -> &Arc<dyn ExecutionPlan> {
+        self.owner.get_or_init(|| input.clone())
     }
 
-    /// Runs partition `p` of `plan`'s owner, or of a fresh copy of it when that partition has
-    /// run before. A node's partition runs at most once (DataFusion's exchanges panic when
+    /// Runs partition `p` of the owner, or of a fresh copy of it when that partition has run
+    /// before. A node's partition runs at most once (DataFusion's exchanges panic when
     /// asked twice: "partition not used yet"), yet a partition is asked again when its
     /// computation for everyone was abandoned (the consumer that started it was dropped, as
     /// a `LIMIT` does) or did not fit, or when it has more consumers than counted: then each
     /// consumer computes it on its own, from the same plan as every other partition it reads.
-    fn execute_once(&self, plan: u64, p: usize, ctx: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let owner = self.owners.lock().expect("owners")[&plan].clone();
-        let first = self.started.lock().expect("started").insert((plan, p));
+    fn execute_once(&self, p: usize, ctx: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let owner = self.owner.get().expect("claimed before it runs").clone();
+        let first = self.started.lock().expect("started").insert(p);
         let owner = if first { owner } else { reset_plan_states(owner)? };
         owner.execute(p, ctx)
     }
 
-    fn cell(&self, plan: u64, p: usize) -> Arc<Cell> {
+    fn cell(&self, p: usize) -> Arc<Cell> {
         let mut cells = self.cells.lock().expect("cells");
         cells
-            .entry((plan, p))
+            .entry(p)
             .or_insert_with(|| {
                 Arc::new(Cell {
                     kept: OnceCell::new(),
@@ -357,7 +355,6 @@ impl Cell {
     async fn materialise(
         &self,
         state: &SharedState,
-        plan: u64,
         partitions: usize,
         p: usize,
         ctx: Arc<TaskContext>,
@@ -369,7 +366,7 @@ impl Cell {
         };
         let run = async {
             let reservation = MemoryConsumer::new(format!("SharedExec[{p}]")).register(ctx.memory_pool());
-            let mut stream = state.execute_once(plan, p, ctx)?;
+            let mut stream = state.execute_once(p, ctx)?;
             let mut batches = Vec::new();
             while let Some(batch) = stream.next().await {
                 let batch = compact_views(batch?)?;
@@ -403,22 +400,27 @@ pub struct SharedExec {
     input: Arc<dyn ExecutionPlan>,
     state: Arc<SharedState>,
     properties: Arc<PlanProperties>,
-    /// The copy's plan as EXPLAIN shows it, with its partition count, hashed: copies share
-    /// their partitions only when these are equal. Physical plans have no structural equality
-    /// (`ExecutionPlan` is not `PartialEq`, and skiff's own nodes have no codec to compare
-    /// encodings); the display is the one description every node gives, and it shows each
-    /// expression, filter (dynamic ones included) and fetch a later rule may put into one copy
-    /// only. Copies whose plans differ otherwise run separately.
-    plan: u64,
 }
 
 impl SharedExec {
     fn new(input: Arc<dyn ExecutionPlan>, state: Arc<SharedState>) -> Self {
         let properties = Arc::new(PlanProperties::clone(input.properties()));
-        let mut hasher = std::hash::DefaultHasher::new();
-        displayable(input.as_ref()).indent(false).to_string().hash(&mut hasher);
-        properties.partitioning.partition_count().hash(&mut hasher);
-        Self { input, state, properties, plan: hasher.finish() }
+        Self { input, state, properties }
+    }
+
+    /// Whether this copy's consumer can read `owner`'s rows: the same columns, partitioned and
+    /// ordered as this copy says its own are (its consumer relies on both).
+    fn reads_alike(&self, owner: &Arc<dyn ExecutionPlan>) -> bool {
+        let (theirs, ours) = (owner.properties(), &self.properties);
+        let partitioned_alike = match (&theirs.partitioning, &ours.partitioning) {
+            // Promises nothing about which rows go where (and so is never `==`), only how many
+            // partitions there are.
+            (Partitioning::UnknownPartitioning(a), Partitioning::UnknownPartitioning(b)) => a == b,
+            (a, b) => a == b,
+        };
+        owner.schema() == self.schema()
+            && partitioned_alike
+            && theirs.output_ordering() == ours.output_ordering()
     }
 }
 
@@ -480,22 +482,24 @@ impl ExecutionPlan for SharedExec {
 
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let state = self.state.clone();
-        let cell = state.cell(self.plan, partition);
-        state.claim(self.plan, &self.input);
-        let (plan, partitions) = (self.plan, self.properties.partitioning.partition_count());
+        if !self.reads_alike(state.claim(&self.input)) {
+            // Planned apart from the owner after all: its own rows, unshared (the owner's kept
+            // partitions then wait for the query's end to be freed, one consumer short).
+            return self.input.execute(partition, ctx);
+        }
+        let cell = state.cell(partition);
+        let partitions = self.properties.partitioning.partition_count();
         let batches = futures::stream::once(async move {
-            let kept = cell
-                .kept
-                .get_or_init(|| cell.materialise(&state, plan, partitions, partition, ctx.clone()))
-                .await;
+            let kept =
+                cell.kept.get_or_init(|| cell.materialise(&state, partitions, partition, ctx.clone())).await;
             match kept {
                 Kept::Batches(kept) => match cell.take(kept) {
                     Some(batches) => Ok(futures::stream::iter(batches.into_iter().map(Ok)).boxed()),
                     // More readers than counted (a repeat inside copies that were planned
                     // apart after all): compute it again rather than fail.
-                    None => state.execute_once(plan, partition, ctx).map(|s| s.boxed()),
+                    None => state.execute_once(partition, ctx).map(|s| s.boxed()),
                 },
-                Kept::TooLarge => state.execute_once(plan, partition, ctx).map(|s| s.boxed()),
+                Kept::TooLarge => state.execute_once(partition, ctx).map(|s| s.boxed()),
                 Kept::Failed(e) => Err(DataFusionError::Shared(e.clone())),
             }
         })
@@ -512,6 +516,7 @@ mod tests {
     use datafusion::datasource::memory::MemorySourceConfig;
     use datafusion::execution::memory_pool::GreedyMemoryPool;
     use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+    use datafusion::physical_plan::displayable;
 
     use super::*;
 
@@ -548,7 +553,7 @@ mod tests {
         let (state, first, second) = copies(1000);
         let ctx = task(64 << 20);
         assert_eq!(rows(&first, &ctx).await, 1000);
-        assert!(matches!(state.cell(first.plan, 0).kept.get(), Some(Kept::Batches(_))));
+        assert!(matches!(state.cell(0).kept.get(), Some(Kept::Batches(_))));
         assert!(ctx.memory_pool().reserved() > 0, "kept within the pool");
         assert_eq!(rows(&second, &ctx).await, 1000, "replayed, not computed again");
         assert_eq!(ctx.memory_pool().reserved(), 0, "freed by the last consumer");
@@ -575,7 +580,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn copies_planned_differently_share_nothing() {
+    async fn a_copy_ordered_unlike_the_owner_reads_its_own_rows() {
         let state = Arc::new(SharedState::new(2));
         let sorted: Arc<dyn ExecutionPlan> = Arc::new(datafusion::physical_plan::sorts::sort::SortExec::new(
             [datafusion::physical_expr::PhysicalSortExpr::new_default(Arc::new(
@@ -756,15 +761,21 @@ mod tests {
         let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
         let mut copies = Vec::new();
         plan.apply(|node| {
-            if let Some(shared) = node.as_any().downcast_ref::<SharedExec>() {
-                copies.push(shared.plan);
+            if node.as_any().is::<SharedExec>() {
+                copies.push(node.clone());
             }
             Ok(TreeNodeRecursion::Continue)
         })
         .unwrap();
         let shown = displayable(plan.as_ref()).indent(false).to_string();
         assert_eq!(copies.len(), 3, "{shown}");
-        assert!(copies.iter().all(|&c| c == copies[0]), "copies planned apart:\n{shown}");
+        let input = |c: &Arc<dyn ExecutionPlan>| c.children()[0].clone();
+        let display = |c: &Arc<dyn ExecutionPlan>| displayable(input(c).as_ref()).indent(false).to_string();
+        for copy in &copies {
+            assert_eq!(display(copy), display(&copies[0]), "copies planned apart:\n{shown}");
+            let shared = copy.as_any().downcast_ref::<SharedExec>().unwrap();
+            assert!(shared.reads_alike(&input(&copies[0])), "a copy would run on its own:\n{shown}");
+        }
         let (on, off) = testing::on_and_off(&[("e", events)], sql).await;
         assert!(!on.starts_with("error"), "{on}");
         assert_eq!(on, off);
@@ -775,7 +786,7 @@ mod tests {
         let (state, first, second) = copies(100_000);
         let ctx = task(64 << 10);
         assert_eq!(rows(&first, &ctx).await, 100_000);
-        assert!(matches!(state.cell(first.plan, 0).kept.get(), Some(Kept::TooLarge)));
+        assert!(matches!(state.cell(0).kept.get(), Some(Kept::TooLarge)));
         assert_eq!(rows(&second, &ctx).await, 100_000, "computed again, from the first copy's plan");
         assert_eq!(ctx.memory_pool().reserved(), 0);
     }
@@ -795,7 +806,6 @@ mod tests {
         };
         let state = Arc::new(SharedState::new(1));
         let (a, b) = (SharedExec::new(split([1, 2]), state.clone()), SharedExec::new(split([2, 1]), state));
-        assert_eq!(a.plan, b.plan, "alike as far as the display shows");
         let ctx = task(64 << 20);
         let values = |batches: Vec<Vec<RecordBatch>>| -> Vec<i64> {
             let mut v: Vec<i64> = batches
