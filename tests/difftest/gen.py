@@ -730,6 +730,16 @@ class Generator:
         if kind in ("EXISTS", "IN"):
             neg = self.chance(0.4)
             dev = next(c for c in scope.cols if c.name == "device_id")
+            # Half the time the subquery filters a join: of the events (whose device it reads)
+            # and another identities table (whose device the IN reads, some of the time).
+            joins, outer = [], scope
+            other = self.identities_src() if self.chance(0.5) else None
+            if other is not None:
+                osrc, oscope = other
+                joins = [Join(self.pick(["INNER", "LEFT"]), osrc, self.join_on(scope, oscope))]
+                outer = Scope(scope.cols + oscope.cols, scope.unique, "events", scope.ts)
+                if kind == "IN" and self.chance(0.3):
+                    dev = next(c for c in oscope.cols if c.name == "device_id")
             if kind == "EXISTS":
                 sub = Select([Item(Lit(1, "int"), "one")], rsrc, [], on)
                 cond = Exists(sub, neg)
@@ -737,7 +747,7 @@ class Generator:
                 rd = next(c for c in rscope.cols if c.name == "device_id")
                 sub = Select([Item(rd.e, "device_id")], rsrc, [], [self.pred(rscope, 1)] if self.chance(0.4) else [])
                 cond = InSub(dev.e, sub, neg)
-            q = self.agg_select(src, scope)
+            q = self.agg_select(src, outer, joins)
             q.where.append(cond)
             return q
         joins = [Join(kind, rsrc, on)]

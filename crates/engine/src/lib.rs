@@ -22,6 +22,7 @@ pub mod results;
 #[cfg(test)]
 mod rule_snapshots;
 pub mod rules;
+mod semi_joins;
 mod shared;
 #[cfg(test)]
 mod slt;

@@ -92,6 +92,13 @@ snapshot!(
 );
 
 snapshot!(
+    a_subquery_filters_the_join_input_it_reads,
+    ["semi_joins_first"],
+    "SELECT e.event, i.person FROM events e JOIN identities i ON e.device = i.device \
+     WHERE e.project IN (SELECT project FROM events WHERE event = 'purchase' GROUP BY project HAVING count(*) > 20)"
+);
+
+snapshot!(
     a_group_key_is_computed_next_to_its_scan,
     ["group_keys_at_scan"],
     "SELECT date_trunc('week', e.ts) AS week, count(i.person) AS people \

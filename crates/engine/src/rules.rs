@@ -41,6 +41,13 @@ pub const RULES: &[Rule] = &[
          shared subplan is in skiff's DataFusion and the funnel query reads each CTE once",
     ),
     rule(
+        "semi_joins_first",
+        "an IN/EXISTS (or NOT …) subquery filters the input of a join it reads, not the join's output",
+        "no DataFusion rule or issue (Spark has it: PushLeftSemiLeftAntiThroughJoin); goes when \
+         DataFusion moves semi joins itself and TPC-H q18 at scale factor 10 builds no hash table \
+         of every order with it off",
+    ),
+    rule(
         "single_distinct_unless_strings",
         "DataFusion's rewrite of a lone count(DISTINCT) into a grouping is skipped for strings",
         "datafusion#15324, a groups accumulator for count(DISTINCT) (open); goes with \
@@ -224,13 +231,19 @@ fn logical(off: &Disabled) -> Vec<LogicalRule> {
         Arc::new(EliminateDuplicatedExpr::new()),
         Arc::new(EliminateFilter::new()),
         Arc::new(EliminateCrossJoin::new()),
-        Arc::new(EliminateLimit::new()),
+    ];
+    // Once subqueries are joins and cross joins with conditions inner joins.
+    if off.is_on("semi_joins_first") {
+        rules.push(Arc::new(super::semi_joins::SemiJoinsFirst));
+    }
+    rules.extend([
+        Arc::new(EliminateLimit::new()) as LogicalRule,
         Arc::new(PropagateEmptyRelation::new()),
         Arc::new(FilterNullJoinKeys::default()),
         Arc::new(EliminateOuterJoin::new()),
         Arc::new(PushDownLimit::new()),
         Arc::new(PushDownFilter::new()),
-    ];
+    ]);
     rules.push(if off.is_on("single_distinct_unless_strings") {
         super::count_distinct::single_distinct_unless_strings()
     } else {

@@ -50,7 +50,11 @@ pub fn session_on(
 /// A query's answer as a table with its rows sorted, or its error as text.
 pub async fn answer(ctx: &SessionContext, sql: &str) -> String {
     let batches = match ctx.sql(sql).await {
-        Ok(df) => df.collect().await,
+        Ok(df) => {
+            let schema = Arc::new(df.schema().as_arrow().clone());
+            // No rows print as the columns' names whether a plan sent no batch or empty ones.
+            df.collect().await.map(|b| if b.is_empty() { vec![RecordBatch::new_empty(schema)] } else { b })
+        }
         Err(e) => Err(e),
     };
     match batches {

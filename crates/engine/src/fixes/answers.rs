@@ -25,6 +25,10 @@ pub trait Answers: fmt::Debug + Copy + PartialEq + Eq + Hash + Send + Sync + 'st
     }
     fn evaluate(&self, inner: &mut dyn Accumulator) -> Result<ScalarValue>;
     fn evaluate_groups(&self, inner: &mut dyn GroupsAccumulator, emit_to: EmitTo) -> Result<ArrayRef>;
+    /// The fix's own accumulator for a sliding window frame, in place of the wrapped one's.
+    fn sliding(&self, _args: &AccumulatorArgs) -> Option<Box<dyn Accumulator>> {
+        None
+    }
 }
 
 /// `function` answering as `answers` says.
@@ -95,7 +99,11 @@ impl<A: Answers> AggregateUDFImpl for Fixed<A> {
     }
 
     fn create_sliding_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        Ok(self.wrap(&args, self.function.create_sliding_accumulator(args.clone())?))
+        let inner = match self.answers.sliding(&args) {
+            Some(own) => own,
+            None => self.function.create_sliding_accumulator(args.clone())?,
+        };
+        Ok(self.wrap(&args, inner))
     }
 
     fn order_sensitivity(&self) -> AggregateOrderSensitivity {

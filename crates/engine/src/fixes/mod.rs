@@ -17,6 +17,7 @@ mod ntile;
 mod ordered_aggregates;
 mod pass;
 mod round;
+mod sliding_sums;
 mod sorts_for_merges;
 mod string_agg;
 mod truth_tests;

@@ -13,21 +13,27 @@ use arrow::array::{ArrayRef, AsArray};
 use arrow::datatypes::{DataType, Float64Type};
 use datafusion::common::ScalarValue;
 use datafusion::error::Result;
+use datafusion::logical_expr::function::AccumulatorArgs;
 use datafusion::logical_expr::{Accumulator, AggregateUDF, EmitTo, GroupsAccumulator};
 
 use super::answers::{Answers, fixed};
+use super::sliding_sums::{self, Answer};
 
-/// `sum` and `avg` with one NaN.
+/// `sum` and `avg` with one NaN, and their sliding window frames summed right.
 pub fn sum_and_avg() -> [AggregateUDF; 2] {
     use datafusion::functions_aggregate::{average::avg_udaf, sum::sum_udaf};
-    [sum_udaf(), avg_udaf()].map(|inner| fixed(inner, OneNan))
+    [fixed(sum_udaf(), OneNan(Answer::Sum)), fixed(avg_udaf(), OneNan(Answer::Average))]
 }
 
 /// DataFusion's answer, any NaN in it the positive one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct OneNan;
+struct OneNan(Answer);
 
 impl Answers for OneNan {
+    fn sliding(&self, args: &AccumulatorArgs) -> Option<Box<dyn Accumulator>> {
+        sliding_sums::accumulator(self.0, args)
+    }
+
     fn evaluate(&self, inner: &mut dyn Accumulator) -> Result<ScalarValue> {
         inner.evaluate().map(canonical_scalar)
     }
