@@ -231,19 +231,18 @@ fn logical(off: &Disabled) -> Vec<LogicalRule> {
         Arc::new(EliminateDuplicatedExpr::new()),
         Arc::new(EliminateFilter::new()),
         Arc::new(EliminateCrossJoin::new()),
-    ];
-    // Once subqueries are joins and cross joins with conditions inner joins.
-    if off.is_on("semi_joins_first") {
-        rules.push(Arc::new(super::semi_joins::SemiJoinsFirst));
-    }
-    rules.extend([
-        Arc::new(EliminateLimit::new()) as LogicalRule,
+        Arc::new(EliminateLimit::new()),
         Arc::new(PropagateEmptyRelation::new()),
         Arc::new(FilterNullJoinKeys::default()),
         Arc::new(EliminateOuterJoin::new()),
         Arc::new(PushDownLimit::new()),
         Arc::new(PushDownFilter::new()),
-    ]);
+    ];
+    // Once subqueries are joins and filters are where they filter: whether a join's side is
+    // read whole shows only then.
+    if off.is_on("semi_joins_first") {
+        rules.push(Arc::new(super::semi_joins::SemiJoinsFirst));
+    }
     rules.push(if off.is_on("single_distinct_unless_strings") {
         super::count_distinct::single_distinct_unless_strings()
     } else {
