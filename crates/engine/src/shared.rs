@@ -30,7 +30,7 @@ use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
 use async_trait::async_trait;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchemaRef, DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::{QueryPlanner, SessionState};
@@ -39,6 +39,7 @@ use datafusion::logical_expr::{
     Expr, Extension, LogicalPlan, SubqueryAlias, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
 };
 use datafusion::optimizer::{AnalyzerRule, OptimizerConfig, OptimizerRule};
+use datafusion::physical_expr::expressions::UnKnownColumn;
 use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -69,6 +70,7 @@ impl AnalyzerRule for ShareRepeatedSubqueries {
         if counts.is_empty() {
             return Ok(plan);
         }
+        let read = columns_read(&plan, &counts)?;
         // Every copy of one subquery gets the same share, inner repeats included (the copies
         // are walked from their original, unmarked inputs).
         let mut shares: HashMap<LogicalPlan, Arc<Share>> = HashMap::new();
@@ -77,7 +79,12 @@ impl AnalyzerRule for ShareRepeatedSubqueries {
                 if !counts.contains_key(&node) {
                     return Ok(Transformed::no(node));
                 }
-                let share = shares.entry(node.clone()).or_default().clone();
+                let share = shares
+                    .entry(node.clone())
+                    .or_insert_with(|| {
+                        Arc::new(Share { read: read.get(&node).cloned().flatten(), ..Default::default() })
+                    })
+                    .clone();
                 let LogicalPlan::SubqueryAlias(a) = node else { unreachable!("counted aliases only") };
                 let input = Arc::unwrap_or_clone(a.input);
                 let marked = LogicalPlan::Extension(Extension { node: Arc::new(Shared { input, share }) });
@@ -141,6 +148,66 @@ impl OptimizerRule for CopiesAlike {
     }
 }
 
+/// The columns of each repeated subquery (by name) that the query reads, through any copy:
+/// every column some expression names through the copy's alias or an alias over it, or names
+/// without a qualifier. `None` for all of them when the query has a wildcard left to expand.
+/// Computing only these keeps every copy alike and never computes what no copy reads (which
+/// could fail where the unshared plan, pruned per copy, answers: a division by zero in a
+/// column no one selects).
+fn columns_read(
+    plan: &LogicalPlan,
+    copies: &HashMap<LogicalPlan, usize>,
+) -> Result<HashMap<LogicalPlan, Option<HashSet<String>>>> {
+    // The aliases each copy is read through: its own, and those of aliases over it.
+    let mut through: Vec<(String, &LogicalPlan)> = Vec::new();
+    plan.apply_with_subqueries(|node| {
+        let mut under = node;
+        while let LogicalPlan::SubqueryAlias(a) = under {
+            if let Some((copy, _)) = copies.get_key_value(under) {
+                if let LogicalPlan::SubqueryAlias(outer) = node {
+                    through.push((outer.alias.table().to_string(), copy));
+                }
+                break;
+            }
+            under = a.input.as_ref();
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let mut named: HashSet<(Option<String>, String)> = HashSet::new();
+    let mut wildcard = false;
+    plan.apply_with_subqueries(|node| {
+        for e in node.expressions() {
+            e.apply(|e| {
+                match e {
+                    Expr::Column(c) | Expr::OuterReferenceColumn(_, c) => {
+                        named.insert((c.relation.as_ref().map(|r| r.table().to_string()), c.name.clone()));
+                    }
+                    #[expect(deprecated)]
+                    Expr::Wildcard { .. } => wildcard = true,
+                    _ => {}
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })?;
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let mut read: HashMap<LogicalPlan, Option<HashSet<String>>> = HashMap::new();
+    for (alias, copy) in through {
+        let names = read.entry(copy.clone()).or_insert_with(|| Some(HashSet::new()));
+        let Some(names) = names.as_mut().filter(|_| !wildcard) else {
+            read.insert(copy.clone(), None);
+            continue;
+        };
+        for field in copy.schema().fields() {
+            let name = field.name();
+            if named.contains(&(Some(alias.clone()), name.clone())) || named.contains(&(None, name.clone())) {
+                names.insert(name.clone());
+            }
+        }
+    }
+    Ok(read)
+}
+
 /// Worth sharing: reads the lake; safe to share: the same rows at every reference (no
 /// volatile function, no reference to an outer query).
 fn shareable(plan: &LogicalPlan) -> Result<bool> {
@@ -167,6 +234,8 @@ fn as_shared(node: &LogicalPlan) -> Option<&Shared> {
 struct Share {
     consumers: AtomicUsize,
     state: OnceLock<Arc<SharedState>>,
+    /// The subquery's columns some copy reads (`columns_read`); `None` for all.
+    read: Option<HashSet<String>>,
 }
 
 impl fmt::Debug for Share {
@@ -224,10 +293,22 @@ impl UserDefinedLogicalNodeCore for Shared {
         write!(f, "Shared: consumers={}", self.share.consumers.load(Ordering::Relaxed))
     }
 
-    /// Every column, whatever a copy's parent needs: the copies must stay alike (and the
-    /// optimiser then still prunes the subquery's own scans to what it reads).
-    fn necessary_children_exprs(&self, _output_columns: &[usize]) -> Option<Vec<Vec<usize>>> {
-        Some(vec![(0..self.input.schema().fields().len()).collect()])
+    /// The columns any copy reads, whatever this copy's parent needs: the copies must stay
+    /// alike. The parent's own needs are added in case the analysis missed one (that copy
+    /// then plans apart and reads its own rows).
+    fn necessary_children_exprs(&self, output_columns: &[usize]) -> Option<Vec<Vec<usize>>> {
+        let fields = self.input.schema().fields();
+        let Some(read) = &self.share.read else {
+            return Some(vec![(0..fields.len()).collect()]);
+        };
+        let mut keep: Vec<usize> = (0..fields.len())
+            .filter(|i| read.contains(fields[*i].name()) || output_columns.contains(i))
+            .collect();
+        if keep.is_empty() {
+            // A copy counted only (`count(*)`): one column carries the rows.
+            keep.push(0);
+        }
+        Some(vec![keep])
     }
 
     fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, mut inputs: Vec<LogicalPlan>) -> Result<Self> {
@@ -411,16 +492,23 @@ impl SharedExec {
     /// Whether this copy's consumer can read `owner`'s rows: the same columns, partitioned and
     /// ordered as this copy says its own are (its consumer relies on both).
     fn reads_alike(&self, owner: &Arc<dyn ExecutionPlan>) -> bool {
-        let (theirs, ours) = (owner.properties(), &self.properties);
-        let partitioned_alike = match (&theirs.partitioning, &ours.partitioning) {
-            // Promises nothing about which rows go where (and so is never `==`), only how many
-            // partitions there are.
-            (Partitioning::UnknownPartitioning(a), Partitioning::UnknownPartitioning(b)) => a == b,
-            (a, b) => a == b,
+        let (theirs, ours) = (&owner.properties().partitioning, &self.properties.partitioning);
+        // A partitioning that promises nothing about which rows go where is never `==` to
+        // another; only the number of partitions then counts.
+        let promises = |p: &Partitioning| match p {
+            Partitioning::UnknownPartitioning(_) => false,
+            // Hashed on a column projected away since: no consumer can ask for it.
+            Partitioning::Hash(exprs, _) => !exprs.iter().any(|e| e.as_any().is::<UnKnownColumn>()),
+            Partitioning::RoundRobinBatch(_) => true,
+        };
+        let partitioned_alike = if promises(theirs) || promises(ours) {
+            theirs == ours
+        } else {
+            theirs.partition_count() == ours.partition_count()
         };
         owner.schema() == self.schema()
             && partitioned_alike
-            && theirs.output_ordering() == ours.output_ordering()
+            && owner.properties().output_ordering() == self.properties.output_ordering()
     }
 }
 
@@ -512,7 +600,6 @@ impl ExecutionPlan for SharedExec {
 mod tests {
     use arrow::array::{AsArray, Int64Array};
     use arrow::datatypes::{DataType, Field, Int64Type, Schema};
-    use datafusion::common::tree_node::TreeNode;
     use datafusion::datasource::memory::MemorySourceConfig;
     use datafusion::execution::memory_pool::GreedyMemoryPool;
     use datafusion::execution::runtime_env::RuntimeEnvBuilder;
@@ -778,6 +865,31 @@ mod tests {
         }
         let (on, off) = testing::on_and_off(&[("e", events)], sql).await;
         assert!(!on.starts_with("error"), "{on}");
+        assert_eq!(on, off);
+    }
+
+    /// A column no copy reads is not computed: here it would fail (a division by zero), where
+    /// each copy planned on its own prunes it and answers.
+    #[tokio::test]
+    async fn columns_no_copy_reads_are_not_computed() {
+        use crate::testing;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("g", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+        ]));
+        let events = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from_iter_values((0..1000).map(|i| i % 7))),
+                Arc::new(Int64Array::from_iter_values((0..1000).map(|i| i % 3))),
+            ],
+        )
+        .unwrap();
+        let sql = "WITH c AS (SELECT g, v, g / v AS bad FROM e) \
+                   SELECT (SELECT count(*) FROM c u) AS n, (SELECT sum(w.g) FROM c w) AS s, \
+                   (SELECT max(x.v) FROM c x WHERE x.g > 2) AS m";
+        let (on, off) = testing::on_and_off(&[("e", events)], sql).await;
+        assert!(off.contains("| 1000 | 2997 | 2 |"), "{off}");
         assert_eq!(on, off);
     }
 
