@@ -82,7 +82,11 @@ impl Lake {
     /// Re-reads every namespace's table list from the catalog.
     pub async fn refresh(&self) -> Result<(), LakeError> {
         let mut listing = Listing::new();
-        for ns in self.catalog.list_namespaces(None).await.map_err(catalog_down)? {
+        let namespaces = match self.catalog.list_namespaces(None).await {
+            Ok(namespaces) => namespaces,
+            Err(e) => return Err(self.catalog_down(e).await),
+        };
+        for ns in namespaces {
             let tables = self.list(&ns).await?;
             listing.insert(ns_name(&ns), tables);
         }
@@ -94,7 +98,7 @@ impl Lake {
         match self.catalog.list_tables(ns).await {
             Ok(tables) => Ok(tables.into_iter().map(|t| t.name).collect()),
             Err(e) if e.kind() == iceberg::ErrorKind::NamespaceNotFound => Ok(BTreeSet::new()),
-            Err(e) => Err(catalog_down(e)),
+            Err(e) => Err(self.catalog_down(e).await),
         }
     }
 
@@ -321,7 +325,10 @@ impl Lake {
         let ident = if known {
             NamespaceIdent::new(ns.to_string())
         } else {
-            let listed = self.catalog.list_namespaces(None).await.map_err(catalog_down)?;
+            let listed = match self.catalog.list_namespaces(None).await {
+                Ok(listed) => listed,
+                Err(e) => return Err(self.catalog_down(e).await),
+            };
             match listed.into_iter().find(|n| ns_name(n) == ns) {
                 Some(n) => n,
                 None => return Ok(()),
@@ -335,6 +342,23 @@ impl Lake {
             listing.insert(ns.to_string(), tables);
         }
         Ok(())
+    }
+}
+
+impl Lake {
+    /// A failed listing as the catalog's outage, with the error status the catalog answers now
+    /// (asked again: iceberg-rust's error has it only as text), in plain words when it refuses
+    /// the credentials.
+    async fn catalog_down(&self, e: iceberg::Error) -> LakeError {
+        use reqwest::StatusCode;
+        let message = match self.pointers.refusal().await {
+            Some(s @ (StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)) => format!(
+                "the catalog refused the credentials ({s}): check the catalog token (CF_API_TOKEN or --catalog-token)"
+            ),
+            Some(s) => format!("{} ({s})", e.message()),
+            None => e.message().to_string(),
+        };
+        LakeError::CatalogUnavailable(message)
     }
 }
 
@@ -354,23 +378,6 @@ pub enum Names {
 
 fn ns_name(ns: &NamespaceIdent) -> String {
     ns.as_ref().join(".")
-}
-
-/// A failed listing as the catalog's outage, saying which status it answered (the text around it
-/// is not repeated: it holds the response's headers), and in plain words when it refused the
-/// credentials. iceberg-rust 0.10 keeps the status only as text in its error's context, which
-/// has no accessor: read from the text until typed REST errors land (apache/iceberg-rust#1918).
-fn catalog_down(e: iceberg::Error) -> LakeError {
-    let full = e.to_string();
-    let status = full.split("status: ").nth(1).and_then(|r| r.split([',', '}']).next()).map(str::trim);
-    let message = match status {
-        Some(s) if s.starts_with("401") || s.starts_with("403") => format!(
-            "the catalog refused the credentials ({s}): check the catalog token (CF_API_TOKEN or --catalog-token)"
-        ),
-        Some(s) => format!("{} ({s})", e.message()),
-        None => e.message().to_string(),
-    };
-    LakeError::CatalogUnavailable(message)
 }
 
 pub(crate) fn to_df(e: LakeError) -> DataFusionError {

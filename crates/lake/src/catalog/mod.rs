@@ -46,6 +46,14 @@ impl TablePointers {
             Self::Rest(p) => p.current(table).await,
         }
     }
+
+    /// The error status a REST catalog answers now, if any (SQL catalogs have none).
+    pub async fn refusal(&self) -> Option<reqwest::StatusCode> {
+        match self {
+            Self::Sql(_) => None,
+            Self::Rest(p) => p.refusal().await,
+        }
+    }
 }
 
 impl std::fmt::Debug for Connection {

@@ -168,6 +168,18 @@ impl RestPointers {
         }
     }
 
+    /// The error status the catalog answers its config with now, if it answers one: asked when a
+    /// call through iceberg-rust failed, whose errors keep the status only as text
+    /// (apache/iceberg-rust#1918).
+    pub async fn refusal(&self) -> Option<StatusCode> {
+        let mut request = self.authorized(self.client.get(format!("{}/v1/config", self.uri))).ok()?;
+        if let Some(w) = &self.warehouse {
+            request = request.query(&[("warehouse", w)]);
+        }
+        let status = request.send().await.ok()?.status();
+        (!status.is_success()).then_some(status)
+    }
+
     /// The request with the catalog token as it is now.
     fn authorized(
         &self,
