@@ -82,7 +82,7 @@ impl AnalyzerRule for ShareRepeatedSubqueries {
                 let share = shares
                     .entry(node.clone())
                     .or_insert_with(|| {
-                        Arc::new(Share { read: read.get(&node).cloned().flatten(), ..Default::default() })
+                        Arc::new(Share { read: read.get(&node).cloned(), ..Default::default() })
                     })
                     .clone();
                 let LogicalPlan::SubqueryAlias(a) = node else { unreachable!("counted aliases only") };
@@ -150,29 +150,14 @@ impl OptimizerRule for CopiesAlike {
 
 /// The columns of each repeated subquery (by name) that the query reads, through any copy:
 /// every column some expression names through the copy's alias or an alias over it, or names
-/// without a qualifier. `None` for all of them when the query has a wildcard left to expand.
+/// without a qualifier. No entry (every column) when the query has a wildcard left to expand.
 /// Computing only these keeps every copy alike and never computes what no copy reads (which
 /// could fail where the unshared plan, pruned per copy, answers: a division by zero in a
 /// column no one selects).
 fn columns_read(
     plan: &LogicalPlan,
     copies: &HashMap<LogicalPlan, usize>,
-) -> Result<HashMap<LogicalPlan, Option<HashSet<String>>>> {
-    // The aliases each copy is read through: its own, and those of aliases over it.
-    let mut through: Vec<(String, &LogicalPlan)> = Vec::new();
-    plan.apply_with_subqueries(|node| {
-        let mut under = node;
-        while let LogicalPlan::SubqueryAlias(a) = under {
-            if let Some((copy, _)) = copies.get_key_value(under) {
-                if let LogicalPlan::SubqueryAlias(outer) = node {
-                    through.push((outer.alias.table().to_string(), copy));
-                }
-                break;
-            }
-            under = a.input.as_ref();
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
+) -> Result<HashMap<LogicalPlan, HashSet<String>>> {
     let mut named: HashSet<(Option<String>, String)> = HashSet::new();
     let mut wildcard = false;
     plan.apply_with_subqueries(|node| {
@@ -191,20 +176,31 @@ fn columns_read(
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
-    let mut read: HashMap<LogicalPlan, Option<HashSet<String>>> = HashMap::new();
-    for (alias, copy) in through {
-        let names = read.entry(copy.clone()).or_insert_with(|| Some(HashSet::new()));
-        let Some(names) = names.as_mut().filter(|_| !wildcard) else {
-            read.insert(copy.clone(), None);
-            continue;
-        };
-        for field in copy.schema().fields() {
-            let name = field.name();
-            if named.contains(&(Some(alias.clone()), name.clone())) || named.contains(&(None, name.clone())) {
-                names.insert(name.clone());
-            }
-        }
+    let mut read: HashMap<LogicalPlan, HashSet<String>> = HashMap::new();
+    if wildcard {
+        return Ok(read);
     }
+    // Each alias a copy is read through (its own, or one over it), with what it names.
+    plan.apply_with_subqueries(|node| {
+        let LogicalPlan::SubqueryAlias(outer) = node else { return Ok(TreeNodeRecursion::Continue) };
+        let alias = Some(outer.alias.table().to_string());
+        let mut under = node;
+        while let LogicalPlan::SubqueryAlias(a) = under {
+            if let Some((copy, _)) = copies.get_key_value(under) {
+                let names = read.entry(copy.clone()).or_default();
+                for field in copy.schema().fields() {
+                    let name = field.name().clone();
+                    if named.contains(&(None, name.clone())) || named.contains(&(alias.clone(), name.clone()))
+                    {
+                        names.insert(name);
+                    }
+                }
+                break;
+            }
+            under = a.input.as_ref();
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
     Ok(read)
 }
 

@@ -172,12 +172,17 @@ impl RestPointers {
     /// call through iceberg-rust failed, whose errors keep the status only as text
     /// (apache/iceberg-rust#1918).
     pub async fn refusal(&self) -> Option<StatusCode> {
-        let mut request = self.authorized(self.client.get(format!("{}/v1/config", self.uri))).ok()?;
-        if let Some(w) = &self.warehouse {
-            request = request.query(&[("warehouse", w)]);
-        }
-        let status = request.send().await.ok()?.status();
+        let status = self.config_request().ok()?.send().await.ok()?.status();
         (!status.is_success()).then_some(status)
+    }
+
+    /// `GET /v1/config` for this warehouse, with the token as it is now.
+    fn config_request(&self) -> std::result::Result<reqwest::RequestBuilder, PointerError> {
+        let request = self.authorized(self.client.get(format!("{}/v1/config", self.uri)))?;
+        Ok(match &self.warehouse {
+            Some(w) => request.query(&[("warehouse", w)]),
+            None => request,
+        })
     }
 
     /// The request with the catalog token as it is now.
@@ -198,11 +203,7 @@ impl RestPointers {
 
     /// `<uri>/v1[/<prefix>]`, with the URI and prefix the catalog's config sets.
     async fn base(&self) -> std::result::Result<Url, PointerError> {
-        let mut request = self.authorized(self.client.get(format!("{}/v1/config", self.uri)))?;
-        if let Some(w) = &self.warehouse {
-            request = request.query(&[("warehouse", w)]);
-        }
-        let response = request.send().await?.error_for_status()?;
+        let response = self.config_request()?.send().await?.error_for_status()?;
         let mut config: CatalogConfig = serde_json::from_slice(&response.bytes().await?)?;
         let uri = config.overrides.remove("uri").unwrap_or_else(|| self.uri.clone());
         let prefix = config.overrides.remove("prefix").or_else(|| config.defaults.remove("prefix"));
