@@ -7,9 +7,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use clap::{Args, Parser, Subcommand};
+use skiff_engine as engine;
 use skiff_engine::rules::Disabled;
 use skiff_lake::catalog::{CatalogOptions, redact_uri};
+use skiff_lake::data_cache::DataCache;
 use skiff_lake::versions::PinnedVersions;
 
 #[derive(Debug, Parser)]
@@ -27,6 +31,10 @@ pub struct Cli {
 pub enum Command {
     /// Serve SQL over HTTP (the default command).
     Serve(Box<ServeConfig>),
+    /// Run stages of distributed queries for coordinators (`skiff serve --workers`), over Arrow
+    /// Flight. Takes `serve`'s settings, so one environment configures both; those about the
+    /// catalog and the front ends are not used.
+    Worker(Box<WorkerConfig>),
     /// Write a demo lake shaped like the one Cloudflare Pipelines writes.
     Demo(DemoArgs),
     /// List skiff's own optimizer rules, in the order they run, by the names
@@ -42,6 +50,16 @@ pub struct DemoArgs {
     /// Number of events to write across glass.events and glass.events_v2.
     #[arg(long, default_value_t = 100_000)]
     pub events: u64,
+}
+
+/// `skiff worker`: where it listens, and the settings it shares with `serve`.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerConfig {
+    /// gRPC (Arrow Flight) listen address for coordinators.
+    #[arg(long, env = "SKIFF_WORKER_ADDR", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub settings: ServeConfig,
 }
 
 /// Everything `skiff serve` can be told. A catalog is required, unless the demo lake is asked
@@ -248,6 +266,12 @@ pub struct ServeConfig {
     #[arg(long = "disable-rules", env = "SKIFF_DISABLED_RULES", value_delimiter = ',')]
     pub disable_rules: Vec<String>,
 
+    /// Distributed workers (`skiff worker`) that queries are spread over, comma-separated
+    /// (`http://10.0.0.2:50051,http://10.0.0.3:50051`). Unset: every query runs in this
+    /// process. See docs/distributed.md.
+    #[arg(long, env = "SKIFF_WORKERS", value_delimiter = ',', value_parser = parse_worker_url)]
+    pub workers: Vec<url::Url>,
+
     /// Log each query's SQL text, and show it in `system.queries` (it may contain user data).
     #[arg(long, env = "SKIFF_LOG_SQL", default_value_t = false)]
     pub log_sql: bool,
@@ -363,10 +387,53 @@ impl ServeConfig {
             .map_err(|e| format!("LAKE_VERSIONS: {e}"))
     }
 
+    /// The engine's limits, from these settings.
+    pub fn limits(&self) -> engine::Limits {
+        engine::Limits {
+            max_sql_bytes: self.max_sql_bytes,
+            query_timeout: self.query_timeout,
+            write_timeout: self.write_timeout,
+            max_concurrent: self.max_concurrent_queries,
+            max_queued: self.max_queued_queries,
+            queue_timeout: self.queue_timeout,
+            memory_limit: self.memory_limit.unwrap_or_else(engine::memory::default_memory_limit),
+            plan: engine::sql_bounds::PlanBounds {
+                max_plan_nodes: self.max_plan_nodes,
+                max_grouping_sets: self.max_grouping_sets,
+            },
+            max_value_bytes: self.max_value_bytes,
+            max_array_length: self.max_array_length,
+            spill_bytes: self.max_spill_bytes.unwrap_or_else(|| {
+                engine::memory::default_spill_bytes(
+                    &self.spill_dir.clone().unwrap_or_else(std::env::temp_dir),
+                )
+            }),
+            spill_dir: self.spill_dir.clone(),
+        }
+    }
+
+    /// The data cache these settings ask for.
+    pub fn data_cache(&self) -> Result<Option<Arc<DataCache>>, String> {
+        let dir =
+            self.data_cache_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("skiff-data-cache"));
+        DataCache::new(self.data_cache_memory as u64, self.data_cache_disk as u64, &dir)
+            .map_err(|e| format!("--data-cache-dir {}: {e}", dir.display()))
+    }
+
     /// The rules `--disable-rules` turns off.
     pub fn disabled_rules(&self) -> Result<Disabled, String> {
         Disabled::parse(&self.disable_rules).map_err(|e| format!("--disable-rules: {e}"))
     }
+}
+
+/// A worker's address: `http://host:port` (gRPC without TLS, for a private network).
+pub fn parse_worker_url(s: &str) -> Result<url::Url, String> {
+    let url = url::Url::parse(s.trim())
+        .map_err(|e| format!("{s:?} is not a URL like http://10.0.0.2:50051: {e}"))?;
+    if url.scheme() != "http" || url.host().is_none() || url.port_or_known_default().is_none() {
+        return Err(format!("{s:?} is not a worker address like http://10.0.0.2:50051"));
+    }
+    Ok(url)
 }
 
 /// A time limit, or none.

@@ -24,7 +24,7 @@ use skiff_lake as lake;
 use skiff_lake::catalog;
 use tracing_subscriber::EnvFilter;
 
-use crate::config::{Cli, Command, ServeConfig};
+use crate::config::{Cli, Command, ServeConfig, WorkerConfig};
 use crate::error::{StartError, StartResult};
 
 fn main() -> ExitCode {
@@ -38,7 +38,11 @@ fn main() -> ExitCode {
             cfg.demo = true;
         }
     }
-    let json_logs = matches!(&cli.command, Some(Command::Serve(cfg)) if cfg.log_format == "json");
+    let json_logs = match &cli.command {
+        Some(Command::Serve(cfg)) => cfg.log_format == "json",
+        Some(Command::Worker(cfg)) => cfg.settings.log_format == "json",
+        _ => false,
+    };
     init_tracing(json_logs);
     engine::panics::install();
     // Planning recurses over the query's tree: 8 MiB (tokio's default is 2) leaves room for
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command.expect("serve is the default") {
             Command::Serve(cfg) => serve(*cfg).await,
+            Command::Worker(cfg) => worker(*cfg).await,
             Command::Rules => {
                 for r in engine::rules::RULES {
                     println!("{:<32} {}\n{:<32} upstream: {}", r.name, r.what, "", r.upstream);
@@ -146,32 +151,14 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
     if cfg.warm_on_start {
         lake.spawn_warm();
     }
-    let limits = engine::Limits {
-        max_sql_bytes: cfg.max_sql_bytes,
-        query_timeout: cfg.query_timeout,
-        write_timeout: cfg.write_timeout,
-        max_concurrent: cfg.max_concurrent_queries,
-        max_queued: cfg.max_queued_queries,
-        queue_timeout: cfg.queue_timeout,
-        memory_limit: cfg.memory_limit.unwrap_or_else(engine::memory::default_memory_limit),
-        plan: engine::sql_bounds::PlanBounds {
-            max_plan_nodes: cfg.max_plan_nodes,
-            max_grouping_sets: cfg.max_grouping_sets,
-        },
-        max_value_bytes: cfg.max_value_bytes,
-        max_array_length: cfg.max_array_length,
-        spill_bytes: cfg.max_spill_bytes.unwrap_or_else(|| {
-            engine::memory::default_spill_bytes(&cfg.spill_dir.clone().unwrap_or_else(std::env::temp_dir))
-        }),
-        spill_dir: cfg.spill_dir.clone(),
-    };
     let engine = engine::Engine::new(
         lake.clone(),
-        limits,
+        cfg.limits(),
         engine::Tuning {
             result_cache_bytes: cfg.result_cache_bytes,
             datafusion_options: cfg.datafusion_options.clone(),
             disabled: cfg.disabled_rules().map_err(StartError::Msg)?,
+            workers: cfg.workers.clone(),
         },
     )?;
     let flight_addr = flight_listener.as_ref().map(|l| l.local_addr()).transpose()?;
@@ -230,6 +217,29 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
     Ok(())
 }
 
+/// `skiff worker`: serves stages to coordinators until a signal comes.
+async fn worker(cfg: WorkerConfig) -> StartResult<()> {
+    let settings = &cfg.settings;
+    let mut signals = Signals::new()?;
+    let caches = Arc::new(lake::cache::Caches::new(settings.data_cache().map_err(StartError::Msg)?));
+    let service =
+        engine::worker(&settings.limits(), &settings.disabled_rules().map_err(StartError::Msg)?, caches)?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|e| StartError::Msg(format!("cannot listen on {} (--listen): {e}", cfg.listen)))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(grpc = %format!("http://{addr}"), "skiff {} worker ready", env!("CARGO_PKG_VERSION"));
+    let bounds =
+        listen::Bounds { max: connection_cap(settings.max_connections), idle: settings.idle_timeout };
+    flight::serve_grpc(listener, bounds, service.into_worker_server(), async move {
+        signals.next().await;
+    })
+    .await
+    .map_err(|e| StartError::Msg(format!("the worker's gRPC server failed: {e}")))?;
+    tracing::info!("skiff worker stopped");
+    Ok(())
+}
+
 /// Connects to the catalog and lists the lake, again and again (backing off from 1 s to 30 s,
 /// or at once when the admin route brings a new catalog token) until it works, `--catalog-wait`
 /// has passed (then the last error), or a signal comes (then `None`). Meanwhile `startup`
@@ -247,14 +257,7 @@ async fn connect_until_ready(
         let token_generation = catalog_token.get().0;
         let connected = async {
             let conn = catalog::connect(&cfg.catalog_options(), catalog_token).await?;
-            let dir =
-                cfg.data_cache_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("skiff-data-cache"));
-            let data = lake::data_cache::DataCache::new(
-                cfg.data_cache_memory as u64,
-                cfg.data_cache_disk as u64,
-                &dir,
-            )
-            .map_err(|e| StartError::Msg(format!("--data-cache-dir {}: {e}", dir.display())))?;
+            let data = cfg.data_cache().map_err(StartError::Msg)?;
             let lake = lake::Lake::new(
                 conn.catalog.clone(),
                 conn.pointers.clone(),

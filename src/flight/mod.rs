@@ -65,6 +65,27 @@ pub async fn serve(
     let svc = FlightServiceServer::with_interceptor(service, move |req: Request<()>| {
         presented_token(&auth, req.metadata()).map(|_| req)
     });
+    serve_grpc(listener, bounds, svc, shutdown).await
+}
+
+/// Serves one gRPC service on `listener`, its connections bounded as the HTTP server's are,
+/// until `shutdown` resolves.
+pub async fn serve_grpc<S>(
+    listener: tokio::net::TcpListener,
+    bounds: Bounds,
+    svc: S,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error>
+where
+    S: tower::Service<tonic::codegen::http::Request<tonic::body::Body>, Error = std::convert::Infallible>
+        + tonic::server::NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Response: axum::response::IntoResponse,
+    S::Future: Send + 'static,
+{
     let connections = Connections::new(bounds);
     let incoming = futures::stream::unfold((connections, listener), |(c, l)| async move {
         let conn = c.accept(&l).await;

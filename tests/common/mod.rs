@@ -3,6 +3,8 @@
 //! and `tests/fixtures/*.py`, run with the virtualenv `scripts/test` sets up).
 #![allow(dead_code)]
 
+pub mod difftest;
+
 use std::io::Read;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

@@ -94,6 +94,11 @@ impl QueryError {
                 if let Some(ie) = inner.downcast_ref::<iceberg::Error>() {
                     return LakeError::from_iceberg(ie).into();
                 }
+                // A worker's own errors come back as DataFusion's; a bare gRPC status is the
+                // connection to a worker failing.
+                if let Some(status) = inner.downcast_ref::<tonic::Status>() {
+                    return Self::Unavailable { dependency: "worker", message: status.message().to_string() };
+                }
                 Self::InvalidQuery(clean(&e.strip_backtrace()))
             }
             DataFusionError::ParquetError(pe) => match pe.as_ref() {

@@ -8,6 +8,7 @@ mod count_distinct;
 mod date_trunc;
 pub mod deadline;
 mod dialect;
+pub mod distributed;
 pub mod error;
 mod fast_path;
 mod fixes;
@@ -50,7 +51,8 @@ use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::prelude::{DataFrame, SessionConfig, SessionContext};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
+use skiff_lake::cache::Caches;
 use skiff_lake::stats::QueryStats;
 use skiff_lake::{Lake, Names};
 use skiff_metrics::Gauges;
@@ -145,6 +147,49 @@ pub fn session(
     Ok(ctx)
 }
 
+/// [`session`] with the functions bounded by `limits`: what queries run in, on a coordinator
+/// and on a worker alike.
+fn bounded_session(
+    config: SessionConfig,
+    runtime: Arc<datafusion::execution::runtime_env::RuntimeEnv>,
+    limits: &Limits,
+    disabled: &rules::Disabled,
+) -> Result<SessionContext> {
+    let mut ctx = session(config, runtime, disabled)?;
+    let values = bounded_functions::ValueBounds {
+        max_value_bytes: limits.max_value_bytes,
+        max_array_length: limits.max_array_length,
+        max_call_bytes: limits.memory_limit / 4,
+    };
+    bounded_functions::register(&mut ctx, values)?;
+    Ok(ctx)
+}
+
+/// Fair shares of one pool: each running query may use its part, and operators that can
+/// spill (sorts, aggregations, joins) go to local disk before failing.
+fn runtime(limits: &Limits) -> Result<Arc<datafusion::execution::runtime_env::RuntimeEnv>> {
+    let mut disk = DiskManagerBuilder::default().with_max_temp_directory_size(limits.spill_bytes as u64);
+    if let Some(dir) = &limits.spill_dir {
+        disk = disk.with_mode(DiskManagerMode::Directories(vec![dir.clone()]));
+    }
+    Ok(RuntimeEnvBuilder::new()
+        .with_memory_pool(Arc::new(FairSpillPool::new(limits.memory_limit)))
+        .with_disk_manager_builder(disk)
+        .build_arc()?)
+}
+
+/// A distributed worker (`skiff worker`): runs the stages coordinators send it, with skiff's
+/// functions under `limits`, its memory pool and spill disk, reading data files through
+/// `caches`.
+pub fn worker(
+    limits: &Limits,
+    disabled: &rules::Disabled,
+    caches: Arc<Caches>,
+) -> Result<datafusion_distributed::Worker> {
+    let template = bounded_session(session_config(), runtime(limits)?, limits, disabled)?.state();
+    Ok(distributed::worker_service(template, runtime(limits)?, caches))
+}
+
 /// Parquet decoding errors name no file: a data error that names none gets the files being
 /// decoded around the time it happened (open, or closed last); one of them is the culprit.
 fn name_open_files(
@@ -223,6 +268,8 @@ pub struct Tuning {
     pub datafusion_options: Vec<(String, String)>,
     /// skiff's own rules turned off (`--disable-rules`).
     pub disabled: rules::Disabled,
+    /// Distributed workers to run stages on (`--workers`); none: every query runs here.
+    pub workers: Vec<url::Url>,
 }
 
 /// What a planned but not started query returns and takes.
@@ -254,24 +301,25 @@ impl Engine {
                 .set(key, value)
                 .map_err(|e| QueryError::BadRequest(format!("--datafusion-option {key}={value}: {e}")))?;
         }
-        // Fair shares of one pool: each running query may use its part, and operators that
-        // can spill (sorts, aggregations, joins) go to local disk before failing.
-        let mut disk = DiskManagerBuilder::default().with_max_temp_directory_size(limits.spill_bytes as u64);
-        if let Some(dir) = &limits.spill_dir {
-            disk = disk.with_mode(DiskManagerMode::Directories(vec![dir.clone()]));
+        let mut ctx = bounded_session(config, runtime(&limits)?, &limits, &tuning.disabled)?;
+        let cluster = (!tuning.workers.is_empty()).then(|| {
+            Arc::new(distributed::Cluster {
+                workers: distributed::Workers(tuning.workers.clone()),
+                channels: distributed::Channels::default(),
+            })
+        });
+        if let Some(cluster) = &cluster {
+            let worker =
+                bounded_session(session_config(), runtime(&limits)?, &limits, &tuning.disabled)?.state();
+            ctx = SessionContext::new_with_state(distributed::coordinator(
+                ctx.state(),
+                cluster.workers.clone(),
+                cluster.channels.clone(),
+                lake.caches(),
+                &worker,
+            ));
         }
-        let runtime = RuntimeEnvBuilder::new()
-            .with_memory_pool(Arc::new(FairSpillPool::new(limits.memory_limit)))
-            .with_disk_manager_builder(disk)
-            .build_arc()?;
-        let mut ctx = session(config, runtime, &tuning.disabled)?;
         ctx.register_catalog(CATALOG, system::with_system_schema(lake.catalog_provider(Names::Versioned)));
-        let values = bounded_functions::ValueBounds {
-            max_value_bytes: limits.max_value_bytes,
-            max_array_length: limits.max_array_length,
-            max_call_bytes: limits.memory_limit / 4,
-        };
-        bounded_functions::register(&mut ctx, values)?;
         // The same session with every table name one physical table, for the Basin route; its
         // own catalog list, since registering `lake` in a list the two shared would replace it.
         let physical = SessionContext::new_with_state(
@@ -289,6 +337,7 @@ impl Engine {
             results: ResultCache::new(tuning.result_cache_bytes).map(Arc::new),
             bounds: limits.plan,
             runtime: runtime.handle().clone(),
+            cluster,
         };
         Ok(Self {
             planner,
@@ -483,6 +532,8 @@ struct Planner {
     bounds: sql_bounds::PlanBounds,
     /// Where queries execute (see [`execute_on`]).
     runtime: tokio::runtime::Handle,
+    /// The workers queries are spread over, if any.
+    cluster: Option<Arc<distributed::Cluster>>,
 }
 
 /// The first of `tables` that no schema of the session holds, if any.
@@ -555,9 +606,12 @@ impl Planner {
         let schema = response_schema(df.schema().as_arrow());
         let open = stats.clone();
         let out = schema.clone();
-        let lazy = execute_on(&self.runtime, df)
-            .map_err(move |e| name_open_files(e, &open))
-            .and_then(move |b| futures::future::ready(plain_strings(b, &out)));
+        let lazy = execute_on(&self.runtime, df).map_err(move |e| name_open_files(e, &open));
+        let lazy = match &self.cluster {
+            Some(cluster) => Arc::clone(cluster).name_lost_workers(lazy).boxed(),
+            None => lazy.boxed(),
+        };
+        let lazy = lazy.and_then(move |b| futures::future::ready(plain_strings(b, &out)));
         let mut stream: SendableRecordBatchStream =
             Box::pin(RecordBatchStreamAdapter::new(schema.clone(), lazy));
         if let (Some(results), Some(fp)) = (&self.results, &fingerprint) {

@@ -6,6 +6,9 @@
 //!
 //! Workarounds for DataFusion bugs (`fixes`) are not listed: they make answers right and are
 //! never off.
+//!
+//! Nor is `distribute` (`distributed.rs`): it runs after all of these, only on a coordinator
+//! (`--workers`), and without workers it is off.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

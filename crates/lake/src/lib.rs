@@ -16,6 +16,7 @@ mod row_filter;
 pub mod scan;
 pub mod stats;
 mod table;
+mod travel;
 pub mod versions;
 
 use std::any::Any;
@@ -41,6 +42,7 @@ pub use row_filter::{DynamicRowFilters, SelectiveFirst};
 pub use scan::ScanOptions;
 pub use table::versions_read;
 use table::{PhysicalTable, VersionedTable};
+pub use travel::{LakeCodec, LakeScanExec};
 use versions::{PinnedVersions, split_version, version_name};
 
 /// Tables whose manifests are read at once at start (each with its own manifest reads in
@@ -166,6 +168,11 @@ impl Lake {
     async fn warm_table(&self, ns: &str, name: &str) -> Result<usize, LakeError> {
         let table = self.load(ns, name).await?;
         PhysicalTable::try_new(table, self.caches.clone())?.warm().await
+    }
+
+    /// What this lake's scans read through (caches of files, footers and data).
+    pub fn caches(&self) -> Arc<Caches> {
+        Arc::clone(&self.caches)
     }
 
     pub fn namespaces(&self) -> Vec<String> {

@@ -36,16 +36,27 @@ pub struct PlannedFile {
     /// The Iceberg location, which the reader factory opens.
     pub(super) location: String,
     pub(super) shares: Shares,
+    /// The table's, which a scan sent to a worker takes along (`travel`).
+    pub(super) file_io: FileIO,
 }
 
 impl PlannedFile {
-    /// The condition shares `plan`'s files carry, if it is one of skiff's Parquet scans.
-    pub fn shares_of(plan: &Arc<dyn ExecutionPlan>) -> Option<Shares> {
+    /// The first planned file of `plan`, if it is one of skiff's Parquet scans.
+    fn first_of(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<PlannedFile>> {
         let exec = plan.as_any().downcast_ref::<DataSourceExec>()?;
         let (config, _) = exec.downcast_to_file_source::<ParquetSource>()?;
         let file = config.file_groups.iter().flat_map(|g| g.iter()).next()?;
-        let planned = file.extensions.as_ref()?.downcast_ref::<PlannedFile>()?;
-        Some(Arc::clone(&planned.shares))
+        Arc::clone(file.extensions.as_ref()?).downcast::<PlannedFile>().ok()
+    }
+
+    /// The condition shares `plan`'s files carry, if it is one of skiff's Parquet scans.
+    pub fn shares_of(plan: &Arc<dyn ExecutionPlan>) -> Option<Shares> {
+        Some(Arc::clone(&Self::first_of(plan)?.shares))
+    }
+
+    /// The `FileIO` `plan` reads through, if it is one of skiff's Parquet scans.
+    pub(super) fn file_io_of(plan: &Arc<dyn ExecutionPlan>) -> Option<FileIO> {
+        Some(Self::first_of(plan)?.file_io.clone())
     }
 }
 

@@ -35,6 +35,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use futures::{StreamExt, TryStreamExt};
+use iceberg::io::FileIO;
 use iceberg::scan::FileScanTask;
 use iceberg::spec::DataFileFormat;
 use iceberg::table::Table;
@@ -415,7 +416,8 @@ impl ParquetScan<'_> {
                 Precision::Absent
             }),
         };
-        let groups = split_into_groups(&tasks, partitions, file_cost, self.files, &self.shares);
+        let groups =
+            split_into_groups(&tasks, partitions, file_cost, self.files, &self.shares, &self.factory.file_io);
 
         let mut options = TableParquetOptions {
             global: state.config_options().execution.parquet.clone(),
@@ -466,6 +468,7 @@ fn split_into_groups(
     per_file: u64,
     files: Option<&SnapshotFiles>,
     shares: &Shares,
+    file_io: &FileIO,
 ) -> Vec<FileGroup> {
     let total: u64 = tasks.iter().map(|t| t.length).sum();
     let share = total.div_ceil(n.max(1) as u64).max(MIN_RANGE);
@@ -473,7 +476,7 @@ fn split_into_groups(
     for t in tasks {
         let end = t.start + t.length;
         if t.length <= share {
-            let mut f = partitioned_file(t, t.start..end, shares);
+            let mut f = partitioned_file(t, t.start..end, shares, file_io);
             if let Some(st) = files.filter(|_| whole_file(t)).and_then(|files| files.get(&t.data_file_path)) {
                 f = f.with_statistics(st.clone());
             }
@@ -483,7 +486,7 @@ fn split_into_groups(
         let mut at = t.start;
         while at < end {
             let to = (at + share).min(end);
-            pieces.push(partitioned_file(t, at..to, shares));
+            pieces.push(partitioned_file(t, at..to, shares, file_io));
             at = to;
         }
     }
@@ -525,7 +528,12 @@ fn newest_first(files: &mut [PartitionedFile]) {
 
 /// A planned file (or a byte range of it) for DataFusion. Its object-store path is only a
 /// label: the reader factory opens the real Iceberg location kept in `extensions`.
-fn partitioned_file(t: &FileScanTask, range: Range<u64>, shares: &Shares) -> PartitionedFile {
+fn partitioned_file(
+    t: &FileScanTask,
+    range: Range<u64>,
+    shares: &Shares,
+    file_io: &FileIO,
+) -> PartitionedFile {
     let label = t.data_file_path.split_once("://").map(|(_, p)| p).unwrap_or(&t.data_file_path);
     let mut f = if range.start == 0 && range.end == t.file_size_in_bytes {
         PartitionedFile::new(label.to_string(), t.file_size_in_bytes)
@@ -537,8 +545,11 @@ fn partitioned_file(t: &FileScanTask, range: Range<u64>, shares: &Shares) -> Par
             range.end as i64,
         )
     };
-    f.extensions =
-        Some(Arc::new(PlannedFile { location: t.data_file_path.clone(), shares: Arc::clone(shares) }));
+    f.extensions = Some(Arc::new(PlannedFile {
+        location: t.data_file_path.clone(),
+        shares: Arc::clone(shares),
+        file_io: file_io.clone(),
+    }));
     f
 }
 
@@ -639,7 +650,8 @@ mod tests {
         // By bytes alone, one group would take the large file and the others every small one.
         let mut tasks = vec![task("large", 4 << 20)];
         tasks.extend((0..99).map(|i| task(&format!("small-{i}"), 40 << 10)));
-        let groups = split_into_groups(&tasks, 4, REMOTE_FILE_COST, None, &Shares::from([]));
+        let groups =
+            split_into_groups(&tasks, 4, REMOTE_FILE_COST, None, &Shares::from([]), &FileIO::new_with_fs());
         let counts: Vec<usize> = groups.iter().map(|g| g.len()).collect();
         assert_eq!(counts.iter().sum::<usize>(), 100, "every file once");
         assert!(counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1, "{counts:?}");
@@ -648,7 +660,14 @@ mod tests {
     #[test]
     fn a_large_file_is_read_in_ranges_by_every_group() {
         let size = 64 << 20;
-        let groups = split_into_groups(&[task("huge", size)], 4, LOCAL_FILE_COST, None, &Shares::from([]));
+        let groups = split_into_groups(
+            &[task("huge", size)],
+            4,
+            LOCAL_FILE_COST,
+            None,
+            &Shares::from([]),
+            &FileIO::new_with_fs(),
+        );
         assert_eq!(groups.len(), 4);
         let mut ranges: Vec<(i64, i64)> = groups
             .iter()
@@ -660,8 +679,14 @@ mod tests {
         assert_eq!(ranges.last().unwrap().1, size as i64);
         assert!(ranges.windows(2).all(|w| w[0].1 == w[1].0), "contiguous: {ranges:?}");
         // A small file stays whole, with no range.
-        let groups =
-            split_into_groups(&[task("small", 1 << 20)], 4, LOCAL_FILE_COST, None, &Shares::from([]));
+        let groups = split_into_groups(
+            &[task("small", 1 << 20)],
+            4,
+            LOCAL_FILE_COST,
+            None,
+            &Shares::from([]),
+            &FileIO::new_with_fs(),
+        );
         assert_eq!(groups.len(), 1);
         assert!(groups[0].iter().all(|f| f.range.is_none()));
     }

@@ -40,6 +40,7 @@ pub use join_builds::CompactJoinBuilds;
 pub use json_nulls::null_args_as_strings;
 pub use leaf_projections::NotOverUnions;
 pub use ordered_aggregates::OrderInsensitiveAggregates;
+pub use pass::{Job, Pass};
 pub use sorts_for_merges::SortsForMerges;
 pub use truth_tests::TruthTestsNeverNull;
 pub use window_memory::CountWholeWindows;

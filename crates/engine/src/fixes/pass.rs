@@ -38,6 +38,20 @@ pub enum Job {
     ForgetGroupProperties,
 }
 
+impl Job {
+    pub const ALL: [Job; 4] =
+        [Job::CountWindowInput, Job::SliceWindowOutput, Job::OwnBuffers, Job::ForgetGroupProperties];
+
+    /// The job as it travels to a distributed worker.
+    pub fn to_byte(self) -> u8 {
+        Self::ALL.iter().position(|j| *j == self).expect("every job is listed") as u8
+    }
+
+    pub fn from_byte(b: u8) -> Result<Self> {
+        Self::ALL.get(b as usize).copied().ok_or_else(|| DataFusionError::Internal(format!("no job {b}")))
+    }
+}
+
 /// A node that passes its input's batches on, doing its [`Job`] to them.
 #[derive(Debug)]
 pub struct Pass {
