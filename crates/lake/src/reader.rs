@@ -31,7 +31,6 @@ use super::stats::QueryStats;
 
 /// What skiff keeps with each planned file (in `PartitionedFile::extensions`): where it really
 /// is, and what the scan's sample measured of its conditions.
-#[derive(Debug)]
 pub struct PlannedFile {
     /// The Iceberg location, which the reader factory opens.
     pub(super) location: String,
@@ -74,11 +73,24 @@ pub fn with_parquet_source(
 }
 
 /// Opens planned files through the table's Iceberg `FileIO`, counting what is read.
-#[derive(Debug)]
 pub(super) struct FileIoReaderFactory {
     pub(super) file_io: FileIO,
     pub(super) stats: Arc<QueryStats>,
     pub(super) caches: Arc<Caches>,
+}
+
+// Neither prints its `FileIO`: its properties hold the storage credentials, and plans (with
+// their scans' files and reader) are printed with `{:?}` in errors.
+impl std::fmt::Debug for FileIoReaderFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileIoReaderFactory").finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for PlannedFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlannedFile").field("location", &self.location).finish_non_exhaustive()
+    }
 }
 
 impl ParquetFileReaderFactory for FileIoReaderFactory {

@@ -33,10 +33,16 @@ use crate::reader::{FileIoReaderFactory, PlannedFile};
 use crate::stats::QueryStats;
 
 /// A skiff Parquet scan that can be sent to a worker; runs as the scan it wraps.
-#[derive(Debug)]
 pub struct LakeScanExec {
     scan: Arc<dyn ExecutionPlan>,
     file_io: FileIO,
+}
+
+// Without the `FileIO`, as `reader.rs`'s types.
+impl fmt::Debug for LakeScanExec {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.debug_struct("LakeScanExec").field("scan", &self.scan).finish_non_exhaustive()
+    }
 }
 
 impl LakeScanExec {
