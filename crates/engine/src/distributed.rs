@@ -154,7 +154,7 @@ impl Cluster {
 
 /// The workers of `workers` that do not answer now (asked at once, each for a second): who
 /// to name when a query failed because a connection to a worker broke.
-pub async fn not_answering(workers: &[Url], channels: &Channels) -> Vec<Url> {
+async fn not_answering(workers: &[Url], channels: &Channels) -> Vec<Url> {
     let ask = |url: Url| async move {
         let asked = async {
             let mut client = channels.get_worker_client_for_url(&url).await.ok()?;
@@ -204,14 +204,14 @@ pub fn coordinator(
 fn worker(
     builder: SessionStateBuilder,
     skiff: &SessionState,
-    caches: Arc<Caches>,
+    codec: Arc<dyn PhysicalExtensionCodec>,
     channels: Channels,
 ) -> SessionState {
     builder
         .with_scalar_functions(skiff.scalar_functions().values().cloned().collect())
         .with_aggregate_functions(skiff.aggregate_functions().values().cloned().collect())
         .with_window_functions(skiff.window_functions().values().cloned().collect())
-        .with_distributed_user_codec_arc(codec(caches))
+        .with_distributed_user_codec_arc(codec)
         .with_distributed_channel_resolver(channels)
         .build()
 }
@@ -220,10 +220,10 @@ fn worker(
 /// settings, running in `runtime`.
 pub fn worker_service(template: SessionState, runtime: Arc<RuntimeEnv>, caches: Arc<Caches>) -> Worker {
     let template = Arc::new(template);
-    let channels = Channels::default();
+    let (codec, channels) = (codec(caches), Channels::default());
     Worker::from_session_builder(move |ctx: WorkerQueryContext| {
-        let (template, caches, channels) = (Arc::clone(&template), Arc::clone(&caches), channels.clone());
-        async move { Ok(worker(ctx.builder, &template, caches, channels)) }
+        let (template, codec, channels) = (Arc::clone(&template), Arc::clone(&codec), channels.clone());
+        async move { Ok(worker(ctx.builder, &template, codec, channels)) }
     })
     .with_runtime_env(runtime)
 }

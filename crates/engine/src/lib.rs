@@ -186,8 +186,9 @@ pub fn worker(
     disabled: &rules::Disabled,
     caches: Arc<Caches>,
 ) -> Result<datafusion_distributed::Worker> {
-    let template = bounded_session(session_config(), runtime(limits)?, limits, disabled)?.state();
-    Ok(distributed::worker_service(template, runtime(limits)?, caches))
+    let runtime = runtime(limits)?;
+    let template = bounded_session(session_config(), Arc::clone(&runtime), limits, disabled)?.state();
+    Ok(distributed::worker_service(template, runtime, caches))
 }
 
 /// Parquet decoding errors name no file: a data error that names none gets the files being
@@ -310,7 +311,7 @@ impl Engine {
         });
         if let Some(cluster) = &cluster {
             let worker =
-                bounded_session(session_config(), runtime(&limits)?, &limits, &tuning.disabled)?.state();
+                bounded_session(session_config(), ctx.runtime_env(), &limits, &tuning.disabled)?.state();
             ctx = SessionContext::new_with_state(distributed::coordinator(
                 ctx.state(),
                 cluster.workers.clone(),
