@@ -6,7 +6,8 @@ For each cluster size it runs the Worker's query kinds (`shared/bench/queries`, 
 and prints, per kind, the warm median time; for the run, the bytes that crossed loopback between
 the processes (the coordinator's answers to this script are small next to them) and each
 process's peak resident memory. With `--tpch` the lake is a TPC-H one and
-`shared/bench/tpch.py` runs its 22 queries (against DuckDB too). The
+`shared/bench/tpch.py` runs its 22 queries (against DuckDB too). With `--tunnel` the
+coordinator reaches each worker through its WebSocket tunnel (`ws://`), as on Cloudflare. The
 results table in docs/distributed.md is this script's output.
 
     sudo scripts/distributed.py --skiff target/release/skiff --lake ~/lakes/lake-3m --workers 0,1,2,4
@@ -69,24 +70,25 @@ class Cluster:
     def __init__(self, args, n, logdir):
         self.procs, self.groups = [], []
         env = dict(os.environ, RUST_LOG="warn", API_TOKEN=TOKEN, SKIFF_RESULT_CACHE_BYTES="0",
-                   SKIFF_MEMORY_LIMIT=str(int(args.memory_gib * GIB * 0.6)))
+                   SKIFF_MEMORY_LIMIT=str(int(args.memory_gib * GIB * 0.6)), SKIFF_WORKER_TOKEN=TOKEN)
         urls = []
         for i in range(n):
-            port = free_port()
+            port, tunnel = free_port(), free_port()
             group = Cgroup(f"skiff-dist-w{i}", 1, int(args.memory_gib * GIB))
-            p = self.spawn(group, [args.skiff, "worker", "--listen", f"127.0.0.1:{port}"], env,
-                           os.path.join(logdir, f"worker{i}.log"))
-            wait_port(port, p, f"worker {i}")
-            urls.append(f"http://127.0.0.1:{port}")
+            cmd = [args.skiff, "worker", "--listen", f"127.0.0.1:{port}"]
+            if args.tunnel:
+                cmd += ["--tunnel", f"127.0.0.1:{tunnel}"]
+            p = self.spawn(group, cmd, env, os.path.join(logdir, f"worker{i}.log"))
+            wait_port(tunnel if args.tunnel else port, p, f"worker {i}")
+            urls.append(f"ws://127.0.0.1:{tunnel}/_worker/{i}" if args.tunnel else f"http://127.0.0.1:{port}")
         self.port = free_port()
         group = Cgroup("skiff-dist-coordinator", 1, int(args.memory_gib * GIB))
         cmd = [args.skiff, "serve", "--catalog-uri", f"sqlite://{args.lake}/catalog.db", "--warehouse",
                f"{args.lake}/warehouse", "--http-addr", f"127.0.0.1:{self.port}", "--flight-addr", "off",
                "--query-timeout", "10m"]
         if urls:
-            # The coordinator plans in its own cgroup of one CPU, where DataFusion would make one
-            # partition per scan: one task, nothing to spread. One partition per worker's CPU.
-            cmd += ["--workers", ",".join(urls), "--datafusion-option", f"datafusion.execution.target_partitions={n}"]
+            # In its cgroup of one CPU the coordinator plans one partition per worker by itself.
+            cmd += ["--workers", ",".join(urls)]
         p = self.spawn(group, cmd, env, os.path.join(logdir, "coordinator.log"))
         self.base = f"http://127.0.0.1:{self.port}"
         wait_ready(self.base, p)
@@ -150,6 +152,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--memory-gib", type=float, default=6.0, help="each process's memory (cgroup)")
     ap.add_argument("--tpch", action="store_true", help="--lake is a TPC-H lake: run shared/bench/tpch.py on it")
+    ap.add_argument("--tunnel", action="store_true", help="reach the workers through their WebSocket tunnels")
     args = ap.parse_args()
     sizes = [int(n) for n in args.workers.split(",")]
     results = {}
@@ -157,7 +160,7 @@ def main():
         for n in sizes:
             results[n] = run(args, n, logdir)
             print(f"{n} workers done", file=sys.stderr)
-    print(f"lake {args.lake}, {args.reps} runs each")
+    print(f"lake {args.lake}, {args.reps} runs each, workers reached {'through tunnels' if args.tunnel else 'over TCP'}")
     kinds = list(results[sizes[0]][0])
     print("| kind | " + " | ".join(f"{n} workers" if n else "one process" for n in sizes) + " |")
     print("|---|" + "---|" * len(sizes))

@@ -55,9 +55,15 @@ pub struct DemoArgs {
 /// `skiff worker`: where it listens, and the settings it shares with `serve`.
 #[derive(Debug, Clone, Args)]
 pub struct WorkerConfig {
-    /// gRPC (Arrow Flight) listen address for coordinators.
+    /// gRPC (Arrow Flight) listen address for coordinators. Anything but a loopback address
+    /// needs `--worker-token`.
     #[arg(long, env = "SKIFF_WORKER_ADDR", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
+    /// HTTP listen address of the WebSocket tunnel to the gRPC server, for where only HTTP
+    /// reaches a worker (Cloudflare Containers): `GET /_health`, and `GET /_worker…` upgraded
+    /// to a WebSocket carrying gRPC. Needs `--worker-token`. Default: off.
+    #[arg(long, env = "SKIFF_WORKER_TUNNEL_ADDR", default_value = "off", value_parser = parse_listen)]
+    pub tunnel: Listen,
     #[command(flatten)]
     pub settings: ServeConfig,
 }
@@ -272,6 +278,12 @@ pub struct ServeConfig {
     #[arg(long, env = "SKIFF_WORKERS", value_delimiter = ',', value_parser = parse_worker_url)]
     pub workers: Vec<url::Url>,
 
+    /// The secret coordinators and workers share: a worker accepts only calls and tunnels that
+    /// bring it as a bearer token, and a coordinator sends it. Needed by a worker that listens
+    /// beyond loopback or has a tunnel, and by a coordinator with `ws://`/`wss://` workers.
+    #[arg(long, env = "SKIFF_WORKER_TOKEN", hide_env_values = true)]
+    pub worker_token: Option<String>,
+
     /// Log each query's SQL text, and show it in `system.queries` (it may contain user data).
     #[arg(long, env = "SKIFF_LOG_SQL", default_value_t = false)]
     pub log_sql: bool,
@@ -310,6 +322,13 @@ impl ServeConfig {
         raw.split(',').map(str::trim).filter(|t| !t.is_empty()).map(String::from).collect()
     }
 
+    /// The worker tokens (`--worker-token`, comma-separated so that workers can accept a new
+    /// one before the old one goes); the first is the one sent.
+    pub fn worker_tokens(&self) -> Vec<String> {
+        let tokens = self.worker_token.as_deref().unwrap_or_default().split(',');
+        tokens.map(str::trim).filter(|t| !t.is_empty()).map(String::from).collect()
+    }
+
     /// The REST catalog token, falling back to `CF_API_TOKEN` as Cloudflare deployments set it.
     pub fn catalog_token(&self) -> Option<String> {
         self.catalog_token.clone().or_else(|| std::env::var("CF_API_TOKEN").ok()).filter(|t| !t.is_empty())
@@ -333,6 +352,12 @@ impl ServeConfig {
     pub fn validate(&self) -> Result<PinnedVersions, String> {
         if self.admin_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
             return Err("--admin-token is empty".into());
+        }
+        if self.worker_token.is_some() && self.worker_tokens().is_empty() {
+            return Err("--worker-token is empty".into());
+        }
+        if self.worker_token.is_none() && self.workers.iter().any(|w| w.scheme() != "http") {
+            return Err("workers reached through a WebSocket (ws://, wss://) need --worker-token".into());
         }
         if let Some(uri) = &self.catalog_uri {
             let ok = ["sqlite:", "postgres://", "postgresql://", "http://", "https://"]
@@ -426,12 +451,19 @@ impl ServeConfig {
     }
 }
 
-/// A worker's address: `http://host:port` (gRPC without TLS, for a private network).
+/// A worker's address: `http://host:port` (gRPC without TLS, for a private network), or
+/// `ws://`/`wss://host/path` (gRPC inside a WebSocket: a worker's `--tunnel`, or the Worker's
+/// `/_worker/N` route on Cloudflare).
 pub fn parse_worker_url(s: &str) -> Result<url::Url, String> {
     let url = url::Url::parse(s.trim())
         .map_err(|e| format!("{s:?} is not a URL like http://10.0.0.2:50051: {e}"))?;
-    if url.scheme() != "http" || url.host().is_none() || url.port_or_known_default().is_none() {
-        return Err(format!("{s:?} is not a worker address like http://10.0.0.2:50051"));
+    if !matches!(url.scheme(), "http" | "ws" | "wss")
+        || url.host().is_none()
+        || url.port_or_known_default().is_none()
+    {
+        return Err(format!(
+            "{s:?} is not a worker address like http://10.0.0.2:50051 or wss://skiff.example.com/_worker/0"
+        ));
     }
     Ok(url)
 }
@@ -517,7 +549,7 @@ pub fn parse_bytes_or_zero(s: &str) -> Result<usize, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -550,5 +582,41 @@ mod tests {
         assert_eq!(parse_wait("0s").unwrap().0, Some(Duration::ZERO));
         assert_eq!(parse_wait("2m").unwrap().0, Some(Duration::from_secs(120)));
         assert!(parse_wait("later").is_err());
+    }
+
+    /// `args` parsed as the command line of `skiff serve` or `skiff worker`.
+    pub(crate) fn cli(args: &[&str]) -> Result<Command, clap::Error> {
+        let cli = Cli::try_parse_from(std::iter::once("skiff").chain(args.iter().copied()))?;
+        Ok(cli.command.expect("a command"))
+    }
+
+    fn serve(args: &[&str]) -> ServeConfig {
+        match cli(&[&["serve", "--catalog-uri", "sqlite://c.db", "--warehouse", "w"], args].concat()) {
+            Ok(Command::Serve(cfg)) => *cfg,
+            other => panic!("not serve: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn worker_addresses() {
+        for ok in
+            ["http://10.0.0.2:50051", "ws://127.0.0.1:9000/_worker/0", "wss://skiff.example.com/_worker/3"]
+        {
+            assert_eq!(parse_worker_url(ok).unwrap().scheme(), ok.split(':').next().unwrap());
+        }
+        for bad in ["https://a.example.com", "10.0.0.2:50051", "grpc://a:1", "ws://"] {
+            assert!(parse_worker_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn worker_tokens_are_a_list_whose_first_is_sent_and_tunnels_need_one() {
+        let cfg = serve(&["--worker-token", " new , old ,"]);
+        assert_eq!(cfg.worker_tokens(), ["new", "old"]);
+        assert!(cfg.validate().is_ok());
+        assert!(serve(&["--worker-token", " , "]).validate().unwrap_err().contains("empty"));
+        let tunneled = serve(&["--workers", "http://10.0.0.2:50051,wss://s.example.com/_worker/1"]);
+        assert!(tunneled.validate().unwrap_err().contains("--worker-token"));
+        assert!(serve(&["--workers", "http://10.0.0.2:50051"]).validate().is_ok());
     }
 }

@@ -13,6 +13,7 @@ mod http;
 mod listen;
 mod observe;
 mod state;
+mod worker;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -24,7 +25,7 @@ use skiff_lake as lake;
 use skiff_lake::catalog;
 use tracing_subscriber::EnvFilter;
 
-use crate::config::{Cli, Command, ServeConfig, WorkerConfig};
+use crate::config::{Cli, Command, ServeConfig};
 use crate::error::{StartError, StartResult};
 
 fn main() -> ExitCode {
@@ -58,7 +59,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command.expect("serve is the default") {
             Command::Serve(cfg) => serve(*cfg).await,
-            Command::Worker(cfg) => worker(*cfg).await,
+            Command::Worker(cfg) => worker::run(*cfg).await,
             Command::Rules => {
                 for r in engine::rules::RULES {
                     println!("{:<32} {}\n{:<32} upstream: {}", r.name, r.what, "", r.upstream);
@@ -159,6 +160,7 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
             datafusion_options: cfg.datafusion_options.clone(),
             disabled: cfg.disabled_rules().map_err(StartError::Msg)?,
             workers: cfg.workers.clone(),
+            worker_token: cfg.worker_tokens().into_iter().next(),
         },
     )?;
     let flight_addr = flight_listener.as_ref().map(|l| l.local_addr()).transpose()?;
@@ -214,29 +216,6 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
         Ok(()) => tracing::info!("skiff stopped"),
         Err(_) => tracing::warn!("connections still open after {WIND_DOWN:?}; closing them"),
     }
-    Ok(())
-}
-
-/// `skiff worker`: serves stages to coordinators until a signal comes.
-async fn worker(cfg: WorkerConfig) -> StartResult<()> {
-    let settings = &cfg.settings;
-    let mut signals = Signals::new()?;
-    let caches = Arc::new(lake::cache::Caches::new(settings.data_cache().map_err(StartError::Msg)?));
-    let service =
-        engine::worker(&settings.limits(), &settings.disabled_rules().map_err(StartError::Msg)?, caches)?;
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .map_err(|e| StartError::Msg(format!("cannot listen on {} (--listen): {e}", cfg.listen)))?;
-    let addr = listener.local_addr()?;
-    tracing::info!(grpc = %format!("http://{addr}"), "skiff {} worker ready", env!("CARGO_PKG_VERSION"));
-    let bounds =
-        listen::Bounds { max: connection_cap(settings.max_connections), idle: settings.idle_timeout };
-    flight::serve_grpc(listener, bounds, service.into_worker_server(), async move {
-        signals.next().await;
-    })
-    .await
-    .map_err(|e| StartError::Msg(format!("the worker's gRPC server failed: {e}")))?;
-    tracing::info!("skiff worker stopped");
     Ok(())
 }
 

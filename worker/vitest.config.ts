@@ -6,15 +6,16 @@ import { defineConfig } from "vitest/config";
 // each can be set from wrangler.jsonc.
 const settings = [...readFileSync(new URL("../src/config.rs", import.meta.url), "utf8").matchAll(/env = "([A-Z_]+)"/g)].map((m) => m[1]);
 
-// Unit tests run in workerd. wrangler.jsonc is not loaded: its container needs Docker and
-// Cloudflare's runtime, so SKIFF is bound to a stand-in Durable Object (test/unit/stand-in.ts).
+// Unit tests run in workerd. wrangler.jsonc is not loaded: its containers need Docker and
+// Cloudflare's runtime, so SKIFF and SKIFF_WORKER are bound to a stand-in Durable Object
+// (test/unit/stand-in.ts). No worker pool here (SKIFF_WORKER_POOL unset): tests set one per call.
 export default defineConfig({
   plugins: [
     cloudflareTest({
       main: "./test/unit/main.ts",
       miniflare: {
         compatibilityDate: "2026-04-20",
-        durableObjects: { SKIFF: "StandInContainer" },
+        durableObjects: { SKIFF: "StandInContainer", SKIFF_WORKER: "StandInContainer" },
         bindings: {
           API_TOKEN: "token-new, token-old",
           SKIFF_INSTANCES: "1",

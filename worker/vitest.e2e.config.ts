@@ -5,9 +5,10 @@ import { launcher } from "./test/e2e/launcher";
 // End-to-end, in workerd, against the real skiff binary:
 //  - SKIFF: the test-only LocalSkiff Durable Object (test/e2e/local-skiff.ts) forwards to a skiff
 //    already running at SKIFF_URL, instead of a container;
-//  - SKIFF_CT: the production SkiffContainer class over a stand-in for the container runtime
-//    (test/e2e/fake-container.ts) whose processes the LAUNCHER service starts (test/e2e/launcher.ts):
-//    SKIFF_BIN serving the lake at SKIFF_E2E_LAKE.
+//  - SKIFF_CT and SKIFF_WORKER: the production SkiffContainer and SkiffWorkerContainer classes over
+//    a stand-in for the container runtime (test/e2e/fake-container.ts) whose processes the
+//    LAUNCHER service starts (test/e2e/launcher.ts): SKIFF_BIN serving the lake at SKIFF_E2E_LAKE,
+//    or `skiff worker` with its tunnel.
 // SKIFF_URL, SKIFF_TEST_TOKEN, SKIFF_BIN and SKIFF_E2E_LAKE come from the environment
 // (scripts/test sets them); when missing, the tests fail.
 const lake = process.env.SKIFF_E2E_LAKE ?? "";
@@ -20,6 +21,7 @@ export default defineConfig({
         durableObjects: {
           SKIFF: "LocalSkiff",
           SKIFF_CT: { className: "TestSkiffContainer", useSQLite: true },
+          SKIFF_WORKER: { className: "TestSkiffWorkerContainer", useSQLite: true },
         },
         serviceBindings: { LAUNCHER: launcher },
         bindings: {
@@ -34,6 +36,9 @@ export default defineConfig({
           SKIFF_QUERY_HISTORY: "77",
           SKIFF_WARM_ON_START: "false",
           CF_API_TOKEN: "cf-token-1",
+          // The worker pool's token, for the worker containers; no pool here (SKIFF_WORKER_POOL
+          // unset, so the coordinator tests run as before): test/e2e/pool.e2e.test.ts sets one per call.
+          SKIFF_WORKER_TOKEN: "e2e-worker-token-0123456789abcdef0123456789abcdef",
         },
       },
     }),

@@ -11,6 +11,8 @@ export const WORKER_ONLY: ReadonlySet<string> = new Set([
   "SKIFF_SHARD_HEADER",
   "SKIFF_LOCATION_HINT",
   "SKIFF_READY_TIMEOUT",
+  "SKIFF_WORKER_POOL",
+  "SKIFF_PUBLIC_URL",
 ]);
 
 /** What this class sets itself: a var or secret of the same name is not passed. */
@@ -22,10 +24,20 @@ export const SET_BY_CONTAINER: ReadonlySet<string> = new Set([
   "API_TOKEN",
   "SKIFF_API_TOKEN",
   "SKIFF_ADMIN_TOKEN",
+  // Distribution: derived from SKIFF_WORKER_POOL and SKIFF_PUBLIC_URL, and the pool's token goes
+  // only where the pool is used, never to another host a var might name.
+  "SKIFF_WORKERS",
+  "SKIFF_WORKER_TOKEN",
+  // A worker container's own listeners (SkiffWorkerContainer).
+  "SKIFF_WORKER_ADDR",
+  "SKIFF_WORKER_TUNNEL_ADDR",
 ]);
 
 /** Passed as they are, besides every `SKIFF_*`. */
 const PASSED_AS_IS = ["LAKE_VERSIONS", "CF_API_TOKEN", "RUST_LOG"];
+
+/** The catalog's credentials: a worker container never talks to the catalog, so it never gets them. */
+export const CATALOG_SECRETS: ReadonlySet<string> = new Set(["CF_API_TOKEN", "SKIFF_CATALOG_TOKEN"]);
 
 /** The credentials skiff in the container trusts: one for queries, one for its admin route. */
 export interface InternalCredentials {
@@ -43,12 +55,12 @@ export function catalogToken(env: Env): string {
 }
 
 /**
- * Settings and secrets handed to skiff as environment variables when the container starts:
- * every `SKIFF_*` var or secret (limits, caches, log format, disabled rules, the catalog token),
- * LAKE_VERSIONS, CF_API_TOKEN and RUST_LOG, except the Worker's own settings; logs are JSON
- * unless SKIFF_LOG_FORMAT says otherwise.
+ * The settings and secrets every skiff container gets as they are: every `SKIFF_*` var or
+ * secret (limits, caches, log format, disabled rules, the catalog token), LAKE_VERSIONS,
+ * CF_API_TOKEN and RUST_LOG, except the Worker's own settings and what the classes set
+ * themselves; logs are JSON unless SKIFF_LOG_FORMAT says otherwise.
  */
-export function containerEnvVars(env: Env, credentials: InternalCredentials): Record<string, string> {
+export function passedSettings(env: Env): Record<string, string> {
   const vars: Record<string, string> = { SKIFF_LOG_FORMAT: "json" };
   for (const [key, value] of Object.entries(env)) {
     // Unset or empty values are left out, so skiff's own defaults and fallbacks apply.
@@ -56,26 +68,86 @@ export function containerEnvVars(env: Env, credentials: InternalCredentials): Re
     if (WORKER_ONLY.has(key) || SET_BY_CONTAINER.has(key)) continue;
     if (key.startsWith("SKIFF_") || PASSED_AS_IS.includes(key)) vars[key] = value;
   }
+  return vars;
+}
+
+/**
+ * Settings and secrets handed to the coordinator, `skiff serve`, when its container starts:
+ * passedSettings, its listeners and its own tokens, and with a worker pool the pool's URLs
+ * and token.
+ */
+export function containerEnvVars(env: Env, credentials: InternalCredentials): Record<string, string> {
+  const vars = passedSettings(env);
   // Listen on all interfaces: the Durable Object reaches the container over its network.
   vars.SKIFF_HTTP_ADDR = `0.0.0.0:${SKIFF_PORT}`;
   // Only HTTP reaches a container, so Arrow Flight (gRPC) stays off.
   vars.SKIFF_FLIGHT_ADDR = "off";
   vars.API_TOKEN = credentials.query;
   vars.SKIFF_ADMIN_TOKEN = credentials.admin;
+  const pool = distribution(env);
+  if (pool) {
+    vars.SKIFF_WORKERS = pool.workers.join(",");
+    vars.SKIFF_WORKER_TOKEN = pool.token;
+  }
   return vars;
 }
 
-/** @cloudflare/containers answers its own failures as text/plain responses; these are their kinds. */
-export type ContainerFailure = "start_failed" | "no_instance" | "rate_limited" | "connection_lost";
+/** SKIFF_WORKER_POOL as a number of worker containers: unset or "" is 0; null if it is not a count. */
+export function workerPoolSize(raw: unknown): number | null {
+  if (raw === undefined || raw === null || (typeof raw === "string" && raw.trim() === "")) return 0;
+  if (typeof raw !== "string" || !/^\s*\d+\s*$/.test(raw)) return null;
+  return Number.parseInt(raw, 10);
+}
 
-// The opening words of those answers (0.3.7), each with its status.
+/**
+ * The tunnel URL of each worker container as the coordinator dials it: through the Worker's
+ * public host (the only way into a container), `wss://` for `https://` and `ws://` for
+ * `http://` (local runs). Throws on a SKIFF_PUBLIC_URL that is not a bare http(s) origin.
+ */
+export function workerUrls(publicUrl: string, pool: number): string[] {
+  let url: URL;
+  try {
+    url = new URL(publicUrl.trim());
+  } catch {
+    throw new Error(`SKIFF_PUBLIC_URL ${publicUrl} is not a URL`);
+  }
+  if (url.protocol !== "https:" && url.protocol !== "http:") throw new Error(`SKIFF_PUBLIC_URL ${publicUrl} is not http(s)`);
+  // The route is at the host's root; a path, query or credentials would be dropped or misread.
+  if (url.pathname !== "/" || url.search !== "" || url.hash !== "" || url.username !== "" || url.password !== "") {
+    throw new Error(`SKIFF_PUBLIC_URL ${publicUrl} must be the Worker's origin only, like https://skiff.example.workers.dev`);
+  }
+  const scheme = url.protocol === "https:" ? "wss" : "ws";
+  return Array.from({ length: pool }, (_, n) => `${scheme}://${url.host}/_worker/${n}`);
+}
+
+/** The worker pool the coordinator is given, or null when queries are not distributed. */
+export function distribution(env: Env): { workers: string[]; token: string } | null {
+  const pool = workerPoolSize(env.SKIFF_WORKER_POOL);
+  if (pool === null) throw new Error(`SKIFF_WORKER_POOL ${String(env.SKIFF_WORKER_POOL)} is not a number of containers`);
+  if (pool === 0) return null;
+  const token = env.SKIFF_WORKER_TOKEN;
+  if (typeof token !== "string" || token === "") throw new Error("SKIFF_WORKER_TOKEN is not set");
+  return { workers: workerUrls(String(env.SKIFF_PUBLIC_URL ?? ""), pool), token };
+}
+
+/** @cloudflare/containers answers its own failures as text/plain responses; these are their kinds. */
+export type ContainerFailure = "start_failed" | "no_instance" | "rate_limited" | "connection_lost" | "restarting";
+
+// The opening words of those answers (0.3.7), each with its status; and this module's own
+// answer while a container restarts to take new settings (restartAnswer).
 const CONTAINER_FAILURES: [number, string, ContainerFailure][] = [
   [500, "Failed to start container", "start_failed"],
   [503, "There is no Container instance available", "no_instance"],
   [429, "you are requesting too many containers per second", "rate_limited"],
   [500, "Container suddenly disconnected", "connection_lost"],
   [500, "Error proxying request to container", "connection_lost"],
+  [503, "Restarting container", "restarting"],
 ];
+
+/** What a request gets while its container stops to be started again with new settings. */
+export function restartAnswer(why: string): Response {
+  return new Response(`Restarting container: ${why}`, { status: 503, headers: { "content-type": "text/plain" } });
+}
 
 /** The library's failure a response stands for, if it is one (not skiff's own answer). */
 export async function containerFailure(res: Response): Promise<{ kind: ContainerFailure; text: string } | null> {
@@ -107,16 +179,23 @@ function randomToken(): string {
   return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
-async function digest(s: string): Promise<string> {
+export async function digest(s: string): Promise<string> {
   const d = new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(s)));
   return Array.from(d, (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
-const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+export const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 const CREDENTIALS_KEY = "skiff:credentials";
 /** SHA-256 of the catalog token the running skiff holds (given at start or pushed since). */
 const CATALOG_DIGEST_KEY = "skiff:catalog-token-sha256";
+/** SHA-256 of the worker pool (URLs and token) the running skiff was started with; absent: none. */
+const WORKERS_DIGEST_KEY = "skiff:workers-sha256";
+
+/** A digest of the worker pool in a coordinator's env vars, or null without one. */
+async function workersDigest(vars: Record<string, string>): Promise<string | null> {
+  return vars.SKIFF_WORKERS ? digest(`${vars.SKIFF_WORKERS}\n${vars.SKIFF_WORKER_TOKEN ?? ""}`) : null;
+}
 
 /** What an authenticated deep health check shows: this instance's container, without starting it. */
 export interface InstanceReport {
@@ -151,6 +230,8 @@ export class SkiffContainer extends Container<Env> {
   private lastError: string | null = null;
   /** The catalog token digest of the env the container is being started with. */
   private startingDigest: string | null = null;
+  /** Whether this object has already asked the running container to stop for new settings. */
+  private restarting = false;
   private pushing: Promise<void> | null = null;
 
   /** This instance's credentials, made on first use and kept for the instance's life. */
@@ -170,7 +251,14 @@ export class SkiffContainer extends Container<Env> {
       // Read at this start: the settings and secrets as they are now.
       this.envVars = containerEnvVars(this.env, credentials);
       this.startingDigest = await digest(catalogToken(this.env));
+      // Kept now, not at onStart: a request that comes while this start is under way must see
+      // the pool the container is being started with, not an old one.
+      const workers = await workersDigest(this.envVars);
+      if (workers !== null) this.ctx.storage.kv.put(WORKERS_DIGEST_KEY, workers);
+      else this.ctx.storage.kv.delete(WORKERS_DIGEST_KEY);
     } else {
+      const restart = await this.restartForNewPool(credentials);
+      if (restart) return restart;
       await this.pushCatalogToken(credentials);
     }
     if (!this.ready) {
@@ -207,6 +295,25 @@ export class SkiffContainer extends Container<Env> {
       if (body?.status !== "starting" || body.cause || Date.now() >= deadline) return null;
       await sleep(100);
     }
+  }
+
+  /**
+   * skiff reads its worker pool only at start. A pool that changed (SKIFF_WORKER_POOL,
+   * SKIFF_PUBLIC_URL, or a rotated SKIFF_WORKER_TOKEN, which the Worker and new worker
+   * containers already hold) would leave a busy coordinator, which never sleeps, failing every
+   * distributed query: so it is stopped (SIGTERM, its running queries finish) and the request
+   * answered 503; the next one starts it with the new pool.
+   */
+  private async restartForNewPool(credentials: InternalCredentials): Promise<Response | null> {
+    const want = await workersDigest(containerEnvVars(this.env, credentials));
+    if ((this.ctx.storage.kv.get<string>(WORKERS_DIGEST_KEY) ?? null) === want) return null;
+    if (!this.restarting) {
+      // One signal: a second SIGTERM would cut skiff's grace for running queries short.
+      this.restarting = true;
+      console.log(JSON.stringify({ event: "skiff_restarting", instance: this.ctx.id.toString(), why: "worker pool changed" }));
+      await this.stop();
+    }
+    return restartAnswer("the worker pool changed; skiff restarts with it");
   }
 
   /** Pushes the env's catalog token to the running skiff if it is not the one skiff holds. */
@@ -268,6 +375,7 @@ export class SkiffContainer extends Container<Env> {
 
   override onStop(params: StopParams): void {
     this.ready = false;
+    this.restarting = false;
     // A non-zero exit code here is most often an OOM kill (consider a bigger instance_type) or
     // a configuration skiff refused at start (its log line says which).
     console.log(

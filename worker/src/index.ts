@@ -1,13 +1,14 @@
-import { SkiffContainer, containerFailure, describe } from "./container";
+import { SkiffContainer, containerFailure, describe, workerPoolSize, workerUrls } from "./container";
 import type { InstanceReport } from "./container";
 import type { Env } from "./env";
+import { SkiffWorkerContainer } from "./worker-container";
 
-// The Durable Object class must be exported from the Worker's main module.
-export { SkiffContainer };
+// The Durable Object classes must be exported from the Worker's main module.
+export { SkiffContainer, SkiffWorkerContainer };
 export type { Env, InstanceReport };
 
 /** Which kind of answer a path gets; `null` is a 404 from the Worker itself. */
-export type Route = "health" | "skiff" | "basin";
+export type Route = "health" | "skiff" | "basin" | "worker";
 
 const SKIFF_PATHS = new Set(["/", "/query", "/streaming-query", "/metrics"]);
 // Basin SQL's route and its legacy R2 SQL name; clients only swap the base URL.
@@ -15,6 +16,8 @@ const BASIN_PATH = /^\/api\/v1\/accounts\/[^/]+\/(?:basin-sql|r2-sql)\/query\/[^
 
 export function routeOf(pathname: string): Route | null {
   if (pathname === "/_health") return "health";
+  // The worker pool's tunnel: coordinators' WebSockets to worker container <n>.
+  if (pathname === "/_worker" || pathname.startsWith("/_worker/")) return "worker";
   if (SKIFF_PATHS.has(pathname)) return "skiff";
   if (BASIN_PATH.test(pathname)) return "basin";
   return null;
@@ -62,12 +65,24 @@ const LOCATION_HINTS = new Set(["wnam", "enam", "sam", "weur", "eeur", "apac", "
 
 /** The instance's stub, placed by SKIFF_LOCATION_HINT (near the bucket) when one is set. */
 export function instanceStub(env: Env, name: string): DurableObjectStub<SkiffContainer> {
+  return placed(env.SKIFF, env, name);
+}
+
+/** A worker container's stub (`worker-<n>`), placed as the coordinators are: near the bucket. */
+export function workerStub(env: Env, n: number): DurableObjectStub<SkiffWorkerContainer> {
+  return placed(env.SKIFF_WORKER!, env, `worker-${n}`);
+}
+
+function placed<T extends Rpc.DurableObjectBranded | undefined>(ns: DurableObjectNamespace<T>, env: Env, name: string): DurableObjectStub<T> {
   const hint = env.SKIFF_LOCATION_HINT;
   if (typeof hint === "string" && LOCATION_HINTS.has(hint)) {
-    return env.SKIFF.getByName(name, { locationHint: hint as DurableObjectLocationHint });
+    return ns.getByName(name, { locationHint: hint as DurableObjectLocationHint });
   }
-  return env.SKIFF.getByName(name);
+  return ns.getByName(name);
 }
+
+/** The shortest SKIFF_WORKER_TOKEN accepted: it guards workers that run any plan they are sent. */
+export const MIN_WORKER_TOKEN_LENGTH = 32;
 
 /**
  * What keeps this deployment from serving, checked before a container is woken: skiff in a
@@ -91,6 +106,35 @@ export function configProblem(env: Env): string | null {
   if (rest && !set("CF_API_TOKEN") && !set("SKIFF_CATALOG_TOKEN")) {
     return "CF_API_TOKEN is not set: a REST catalog needs a token (`wrangler secret put CF_API_TOKEN`)";
   }
+  return poolProblem(env);
+}
+
+/** What keeps the worker pool from working; with none (SKIFF_WORKER_POOL "0" or unset) nothing is needed. */
+function poolProblem(env: Env): string | null {
+  const pool = workerPoolSize(env.SKIFF_WORKER_POOL);
+  if (pool === null) return `SKIFF_WORKER_POOL ${String(env.SKIFF_WORKER_POOL)} is not a number of worker containers ("0": none)`;
+  if (pool === 0) return null;
+  const publicUrl = typeof env.SKIFF_PUBLIC_URL === "string" ? env.SKIFF_PUBLIC_URL.trim() : "";
+  if (publicUrl === "") {
+    return "SKIFF_PUBLIC_URL is not set: with SKIFF_WORKER_POOL > 0 coordinators reach their workers through the Worker's own URL (vars.SKIFF_PUBLIC_URL, like https://skiff.<subdomain>.workers.dev)";
+  }
+  try {
+    workerUrls(publicUrl, pool);
+  } catch (error) {
+    return describe(error);
+  }
+  const tokens = splitTokens(env.SKIFF_WORKER_TOKEN);
+  if (tokens.length === 0) {
+    return "SKIFF_WORKER_TOKEN is not set: with SKIFF_WORKER_POOL > 0 coordinators and workers share it (`wrangler secret put SKIFF_WORKER_TOKEN`)";
+  }
+  if (tokens.some((t) => t.length < MIN_WORKER_TOKEN_LENGTH || /\s/.test(t))) {
+    return `each SKIFF_WORKER_TOKEN must be at least ${MIN_WORKER_TOKEN_LENGTH} characters without spaces (\`openssl rand -hex 32\`)`;
+  }
+  const clients = splitTokens(env.API_TOKEN);
+  if (tokens.some((t) => clients.includes(t))) {
+    return "SKIFF_WORKER_TOKEN must differ from every API_TOKEN: a client's token must not open the workers";
+  }
+  if (!env.SKIFF_WORKER) return "the SKIFF_WORKER Durable Object binding is missing (wrangler.jsonc: durable_objects.bindings)";
   return null;
 }
 
@@ -100,13 +144,23 @@ async function sha256(s: string): Promise<ArrayBuffer> {
   return crypto.subtle.digest("SHA-256", encoder.encode(s));
 }
 
+/** The tokens of a comma-separated list (API_TOKEN, SKIFF_WORKER_TOKEN), so a new one can be added before the old goes. */
+function splitTokens(list: unknown): string[] {
+  return (typeof list === "string" ? list : "").split(",").map((t) => t.trim()).filter((t) => t !== "");
+}
+
+/** Checks `Authorization: Bearer <token>` against API_TOKEN (comma-separated list); see bearerMatches. */
+export function authorized(header: string | null, apiToken: string | undefined): Promise<boolean> {
+  return bearerMatches(header, splitTokens(apiToken));
+}
+
 /**
- * Checks `Authorization: Bearer <token>` against API_TOKEN (comma-separated list). Digests are
- * compared with timingSafeEqual and every configured token is tried, so timing reveals neither
- * the token nor which one matched. No API_TOKEN means nobody gets in (fail closed).
+ * Whether `Authorization: Bearer <token>` holds one of the accepted tokens. Digests are
+ * compared with timingSafeEqual and every accepted token is tried, so timing reveals neither
+ * the token nor which one matched. No accepted token means nobody gets in (fail closed).
  */
-export async function authorized(header: string | null, apiToken: string | undefined): Promise<boolean> {
-  const accepted = (apiToken ?? "").split(",").map((t) => t.trim()).filter((t) => t !== "");
+export async function bearerMatches(header: string | null, accepted: string[]): Promise<boolean> {
+  accepted = accepted.filter((t) => t !== "");
   if (accepted.length === 0) return false;
   const match = /^\s*bearer\s+(\S+)\s*$/i.exec(header ?? "");
   if (!match) return false;
@@ -160,7 +214,9 @@ function containerUnavailable(route: Route, requestId: string, kind: string, tex
         ? `skiff's container could not start (${text.replace(/^Failed to start container:\s*/i, "").slice(0, 300)}); its log says why`
         : kind === "connection_lost"
           ? "the connection to skiff's container was lost (it may have restarted)"
-          : `skiff's container is unavailable: ${text}`;
+          : kind === "restarting"
+            ? "skiff's container is restarting to take new settings"
+            : `skiff's container is unavailable: ${text}`;
   // A cold start takes a few seconds.
   return errorResponse(route, 503, { skiff: "unavailable", basin: 80001 }, `${why}; retry shortly`, requestId, {
     "retry-after": "5",
@@ -225,6 +281,8 @@ async function handle(
     return errorResponse(route, 500, { skiff: "not_configured", basin: 10001 }, `skiff is not configured: ${problem}`, requestId);
   }
 
+  if (route === "worker") return tunnel(request, env, url, requestId, chose);
+
   // Auth before the container is touched: an unauthenticated caller must not wake (and bill) it.
   if (!(await authorized(request.headers.get("authorization"), env.API_TOKEN))) {
     return errorResponse(route, 401, { skiff: "unauthorized", basin: 10000 }, "missing or invalid bearer token", requestId, {
@@ -285,4 +343,66 @@ async function handle(
   const out = new Response(res.body, res);
   out.headers.set("x-request-id", requestId);
   return out;
+}
+
+/** A worker's index in `/_worker/<n>` (canonical decimal), or null. */
+function workerIndex(pathname: string): number | null {
+  const m = /^\/_worker\/(0|[1-9][0-9]{0,8})$/.exec(pathname);
+  return m ? Number(m[1]) : null;
+}
+
+/**
+ * `/_worker/<n>`: a coordinator's WebSocket to worker container n, which carries its gRPC
+ * (HTTP/2) connection. Only the pool's token opens it (a client's API_TOKEN must not reach a
+ * worker, which runs any plan it is sent); checked before a container is touched. The upgrade
+ * goes to the worker's Durable Object unchanged: the library proxies WebSockets from inside it.
+ */
+async function tunnel(
+  request: Request,
+  env: Env,
+  url: URL,
+  requestId: string,
+  chose: (instance: string) => void,
+): Promise<Response> {
+  const route: Route = "worker";
+  const notFound = () => errorResponse(route, 404, { skiff: "not_found", basin: 40004 }, `not found: ${url.pathname}`, requestId);
+  const pool = workerPoolSize(env.SKIFF_WORKER_POOL) ?? 0;
+  // Without a pool the route does not exist.
+  if (pool === 0) return notFound();
+  // Every token of the list, as skiff's workers accept them (coordinators send the first).
+  if (!(await bearerMatches(request.headers.get("authorization"), splitTokens(env.SKIFF_WORKER_TOKEN)))) {
+    return errorResponse(route, 401, { skiff: "unauthorized", basin: 10000 }, "missing or invalid bearer token", requestId, {
+      "www-authenticate": 'Bearer realm="skiff-worker"',
+    });
+  }
+  const n = workerIndex(url.pathname);
+  if (n === null || n >= pool) return notFound();
+  if (request.method !== "GET" || request.headers.get("upgrade")?.toLowerCase() !== "websocket") {
+    return errorResponse(
+      route,
+      426,
+      { skiff: "upgrade_required", basin: 40000 },
+      "/_worker/<n> carries a WebSocket: GET with Upgrade: websocket",
+      requestId,
+      { upgrade: "websocket" },
+    );
+  }
+  chose(`worker-${n}`);
+  let res: Response;
+  try {
+    res = await workerStub(env, n).fetch(request);
+  } catch (error) {
+    console.error(JSON.stringify({ event: "skiff_worker_forward_failed", instance: `worker-${n}`, request_id: requestId, error: describe(error) }));
+    return containerUnavailable(route, requestId, "unavailable", describe(error));
+  }
+  // The 101 and its WebSocket as they are.
+  if (res.status === 101) return res;
+  const failure = await containerFailure(res);
+  if (failure) {
+    console.error(
+      JSON.stringify({ event: "skiff_worker_unavailable", instance: `worker-${n}`, request_id: requestId, status: res.status, kind: failure.kind }),
+    );
+    return containerUnavailable(route, requestId, failure.kind, failure.text.trim());
+  }
+  return res;
 }

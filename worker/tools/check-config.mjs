@@ -10,7 +10,8 @@
 // build the container image, so it cannot run here or in CI. Instead:
 //  1. `wrangler types` runs wrangler's own config validation (container fields, bindings,
 //     migrations, that the image path is a Dockerfile) and derives the Env it would deploy;
-//  2. this script asserts the container / Durable Object / migration / vars wiring.
+//  2. this script asserts the container / Durable Object / migration / vars wiring, and with a
+//     worker pool (SKIFF_WORKER_POOL > 0) what the pool needs.
 // wrangler runs in a temporary mirror of the repo root so it leaves no .wrangler/ behind.
 import { execFileSync } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
@@ -80,6 +81,11 @@ try {
   }
   check(/SKIFF: DurableObjectNamespace<import\(".*worker\/src\/index"\)\.SkiffContainer>/.test(types), "wrangler derives SKIFF as the SkiffContainer namespace");
   check(/durableNamespaces: "SkiffContainer"/.test(types), "wrangler sees SkiffContainer as a Durable Object class");
+  check(
+    /SKIFF_WORKER: DurableObjectNamespace<import\(".*worker\/src\/index"\)\.SkiffWorkerContainer>/.test(types),
+    "wrangler derives SKIFF_WORKER as the SkiffWorkerContainer namespace",
+  );
+  check(/durableNamespaces: [^\n]*"SkiffWorkerContainer"/.test(types), "wrangler sees SkiffWorkerContainer as a Durable Object class");
 } finally {
   rmSync(mirror, { recursive: true, force: true });
 }
@@ -88,24 +94,44 @@ try {
 check(typeof cfg.name === "string" && cfg.name.length > 0, "name is set");
 check(cfg.main === "worker/src/index.ts" && existsSync(join(root, cfg.main)), "main is worker/src/index.ts and exists");
 check(/^\d{4}-\d{2}-\d{2}$/.test(cfg.compatibility_date ?? ""), "compatibility_date is a date");
-check(/export\s*\{\s*SkiffContainer\s*\}/.test(readFileSync(join(root, cfg.main), "utf8")), "main exports SkiffContainer");
-
-const containers = cfg.containers ?? [];
-const c = containers[0] ?? {};
-check(containers.length === 1 && c.class_name === "SkiffContainer", "one container, class SkiffContainer");
-check(c.image === "./Dockerfile", "container image is ./Dockerfile");
-const INSTANCE_TYPES = ["lite", "basic", "standard-1", "standard-2", "standard-3", "standard-4"];
-check(INSTANCE_TYPES.includes(c.instance_type), `instance_type ${c.instance_type} is one of ${INSTANCE_TYPES.join(", ")}`);
-const pool = Number.parseInt(cfg.vars?.SKIFF_INSTANCES ?? "1", 10);
-check(Number.isInteger(c.max_instances) && c.max_instances >= pool, `max_instances (${c.max_instances}) >= SKIFF_INSTANCES (${pool})`);
-
-const bindings = cfg.durable_objects?.bindings ?? [];
-check(bindings.some((b) => b.name === "SKIFF" && b.class_name === "SkiffContainer" && !b.script_name), "Durable Object binding SKIFF -> SkiffContainer");
-const migrations = cfg.migrations ?? [];
-check(migrations.some((m) => (m.new_sqlite_classes ?? []).includes("SkiffContainer")), "migration creates SkiffContainer as a SQLite class");
-check(!migrations.some((m) => (m.new_classes ?? []).includes("SkiffContainer")), "SkiffContainer is not a key-value-backed class");
+const mainExports = /export\s*\{([^}]*)\}/.exec(readFileSync(join(root, cfg.main), "utf8"))?.[1].split(",").map((n) => n.trim()) ?? [];
+for (const cls of ["SkiffContainer", "SkiffWorkerContainer"]) check(mainExports.includes(cls), `main exports ${cls}`);
 
 const vars = cfg.vars ?? {};
+const containers = cfg.containers ?? [];
+check(
+  containers.length === 2 && containers.some((c) => c.class_name === "SkiffContainer") && containers.some((c) => c.class_name === "SkiffWorkerContainer"),
+  "two containers, classes SkiffContainer and SkiffWorkerContainer",
+);
+const INSTANCE_TYPES = ["lite", "basic", "standard-1", "standard-2", "standard-3", "standard-4"];
+// SkiffWorkerContainer's pool size; NaN for anything but a count.
+const workerPool = /^\s*\d*\s*$/.test(vars.SKIFF_WORKER_POOL ?? "") ? Number.parseInt(vars.SKIFF_WORKER_POOL || "0", 10) : Number.NaN;
+for (const [cls, poolVar, pool] of [
+  ["SkiffContainer", "SKIFF_INSTANCES", Number.parseInt(vars.SKIFF_INSTANCES ?? "1", 10)],
+  ["SkiffWorkerContainer", "SKIFF_WORKER_POOL", workerPool],
+]) {
+  const c = containers.find((x) => x.class_name === cls) ?? {};
+  check(c.image === "./Dockerfile", `${cls}'s image is ./Dockerfile`);
+  check(INSTANCE_TYPES.includes(c.instance_type), `${cls}'s instance_type ${c.instance_type} is one of ${INSTANCE_TYPES.join(", ")}`);
+  check(Number.isInteger(c.max_instances) && c.max_instances >= Math.max(pool, 1), `${cls}'s max_instances (${c.max_instances}) >= ${poolVar} (${pool})`);
+}
+
+const bindings = cfg.durable_objects?.bindings ?? [];
+for (const [name, cls] of [["SKIFF", "SkiffContainer"], ["SKIFF_WORKER", "SkiffWorkerContainer"]]) {
+  check(bindings.some((b) => b.name === name && b.class_name === cls && !b.script_name), `Durable Object binding ${name} -> ${cls}`);
+}
+const migrations = cfg.migrations ?? [];
+// A deployed migration is never edited: the first stays as it was deployed.
+check(
+  JSON.stringify(migrations[0]) === JSON.stringify({ tag: "v1", new_sqlite_classes: ["SkiffContainer"] }),
+  'the first migration is still { "tag": "v1", "new_sqlite_classes": ["SkiffContainer"] }',
+);
+check(new Set(migrations.map((m) => m.tag)).size === migrations.length, "migration tags are distinct");
+for (const cls of ["SkiffContainer", "SkiffWorkerContainer"]) {
+  check(migrations.some((m) => (m.new_sqlite_classes ?? []).includes(cls)), `a migration creates ${cls} as a SQLite class`);
+  check(!migrations.some((m) => (m.new_classes ?? []).includes(cls)), `${cls} is not a key-value-backed class`);
+}
+
 for (const k of ["SKIFF_CATALOG_URI", "SKIFF_WAREHOUSE", "LAKE_VERSIONS", "SKIFF_INSTANCES"]) {
   check(typeof vars[k] === "string" && vars[k].length > 0, `vars.${k} is set`);
 }
@@ -120,9 +146,25 @@ for (const k of ["SKIFF_CATALOG_URI", "SKIFF_WAREHOUSE"]) {
 }
 const required = cfg.secrets?.required ?? [];
 for (const secret of ["API_TOKEN", "CF_API_TOKEN"]) check(required.includes(secret), `secrets.required lists ${secret}`);
+
+// The worker pool.
+check(Number.isInteger(workerPool), `SKIFF_WORKER_POOL (${vars.SKIFF_WORKER_POOL}) is a number of worker containers, "0" for none`);
+if (workerPool > 0) {
+  // Deployed Workers are https: the pool's token must not cross the internet in clear (ws://).
+  check(
+    /^https:\/\/[^/?#@\s]+\/?$/.test(vars.SKIFF_PUBLIC_URL ?? ""),
+    `with SKIFF_WORKER_POOL ${workerPool}, SKIFF_PUBLIC_URL is this Worker's https origin (${JSON.stringify(vars.SKIFF_PUBLIC_URL ?? "")}; e.g. https://skiff.<subdomain>.workers.dev)`,
+  );
+  check(required.includes("SKIFF_WORKER_TOKEN"), `with SKIFF_WORKER_POOL ${workerPool}, secrets.required lists SKIFF_WORKER_TOKEN`);
+}
+// Set by the container classes (the list from SKIFF_WORKER_POOL and SKIFF_PUBLIC_URL, the
+// listeners their own): a var of the name would be ignored, so it is refused rather than trusted.
+for (const k of ["SKIFF_WORKERS", "SKIFF_WORKER_ADDR", "SKIFF_WORKER_TUNNEL_ADDR"]) {
+  check(!(k in vars), `${k} is not a var (the container classes set it)`);
+}
 const hint = vars.SKIFF_LOCATION_HINT ?? "";
 check(hint === "" || ["wnam", "enam", "sam", "weur", "eeur", "apac", "oc", "afr", "me"].includes(hint), `SKIFF_LOCATION_HINT (${hint}) is a location hint or empty`);
-for (const secret of ["API_TOKEN", "CF_API_TOKEN", "SKIFF_CATALOG_TOKEN"]) {
+for (const secret of ["API_TOKEN", "CF_API_TOKEN", "SKIFF_CATALOG_TOKEN", "SKIFF_WORKER_TOKEN"]) {
   check(!(secret in vars), `${secret} is not a plain var (it is a secret)`);
   if (secret !== "SKIFF_CATALOG_TOKEN") check(raw.includes(`wrangler secret put ${secret}`), `comments say: wrangler secret put ${secret}`);
 }

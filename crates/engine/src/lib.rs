@@ -32,6 +32,7 @@ mod string_eq;
 mod system;
 #[cfg(test)]
 mod testing;
+pub mod tunnel;
 mod window;
 mod yielding_joins;
 
@@ -180,15 +181,16 @@ fn runtime(limits: &Limits) -> Result<Arc<datafusion::execution::runtime_env::Ru
 
 /// A distributed worker (`skiff worker`): runs the stages coordinators send it, with skiff's
 /// functions under `limits`, its memory pool and spill disk, reading data files through
-/// `caches`.
+/// `caches`. It reaches other workers (a stage reads the stages under it) with `token`.
 pub fn worker(
     limits: &Limits,
     disabled: &rules::Disabled,
     caches: Arc<Caches>,
+    token: Option<&str>,
 ) -> Result<datafusion_distributed::Worker> {
     let runtime = runtime(limits)?;
     let template = bounded_session(session_config(), Arc::clone(&runtime), limits, disabled)?.state();
-    Ok(distributed::worker_service(template, runtime, caches))
+    Ok(distributed::worker_service(template, runtime, caches, distributed::Channels::new(token)))
 }
 
 /// Parquet decoding errors name no file: a data error that names none gets the files being
@@ -271,6 +273,8 @@ pub struct Tuning {
     pub disabled: rules::Disabled,
     /// Distributed workers to run stages on (`--workers`); none: every query runs here.
     pub workers: Vec<url::Url>,
+    /// Sent to workers as a bearer token (`--worker-token`).
+    pub worker_token: Option<String>,
 }
 
 /// What a planned but not started query returns and takes.
@@ -302,11 +306,18 @@ impl Engine {
                 .set(key, value)
                 .map_err(|e| QueryError::BadRequest(format!("--datafusion-option {key}={value}: {e}")))?;
         }
+        // A stage has at most one task per partition of its scans: with workers, plan at least
+        // one partition per worker, or a coordinator with fewer CPUs than workers leaves some idle.
+        let set = |key: &str| tuning.datafusion_options.iter().any(|(k, _)| k == key);
+        if !set("datafusion.execution.target_partitions") {
+            let partitions = config.target_partitions().max(tuning.workers.len());
+            config = config.with_target_partitions(partitions);
+        }
         let mut ctx = bounded_session(config, runtime(&limits)?, &limits, &tuning.disabled)?;
         let cluster = (!tuning.workers.is_empty()).then(|| {
             Arc::new(distributed::Cluster {
                 workers: distributed::Workers(tuning.workers.clone()),
-                channels: distributed::Channels::default(),
+                channels: distributed::Channels::new(tuning.worker_token.as_deref()),
             })
         });
         if let Some(cluster) = &cluster {

@@ -335,7 +335,7 @@ fn physical(off: &Disabled) -> Vec<PhysicalRule> {
 /// The function under one of skiff's wrappers of a function (a faster path, a fix, a bound
 /// on its answer), so that rules that tell DataFusion's functions apart by type know them
 /// when wrapped.
-fn wrapped(f: &dyn ScalarUDFImpl) -> Option<&ScalarUDF> {
+pub(crate) fn wrapped(f: &dyn ScalarUDFImpl) -> Option<&ScalarUDF> {
     use super::fast_path::WithFastPath;
     use super::{bounded_functions, coalesce, date_trunc, fixes, json};
     WithFastPath::<date_trunc::FixedLengthUnits>::wrapped(f)

@@ -6,29 +6,36 @@
 //! location, kept in its `PartitionedFile` extensions. So before a distributed plan is sent,
 //! every such scan is wrapped in a [`LakeScanExec`], which [`LakeCodec`] writes as the scan
 //! DataFusion's codec writes plus what it loses, and reads back on the worker into the same
-//! scan over the worker's own caches.
+//! scan over the worker's own caches. A scan that folds per file (`per_file`) travels as the
+//! Parquet scan under it plus its folding.
 
 use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use arrow::datatypes::Schema;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::datasource::listing::PartitionedFile;
-use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
+use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, FileSource, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::execution::TaskContext;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::projection::{ProjectionExpr, ProjectionExprs};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
 };
+use datafusion_proto::physical_plan::from_proto::parse_physical_expr;
+use datafusion_proto::physical_plan::to_proto::serialize_physical_expr;
 use datafusion_proto::physical_plan::{AsExecutionPlan, PhysicalExtensionCodec};
-use datafusion_proto::protobuf::PhysicalPlanNode;
+use datafusion_proto::protobuf::{PhysicalExprNode, PhysicalPlanNode, ProjectionExpr as ProjectionExprNode};
 use iceberg::io::{FileIO, FileIOBuilder};
 use prost::Message;
 
 use crate::cache::Caches;
 use crate::catalog::storage_factory;
+use crate::per_file::{self, Wrapped};
 use crate::reader::{FileIoReaderFactory, PlannedFile};
 use crate::stats::QueryStats;
 
@@ -52,7 +59,8 @@ impl LakeScanExec {
             if node.as_any().is::<LakeScanExec>() {
                 return Ok(Transformed::no(node));
             }
-            Ok(match PlannedFile::file_io_of(&node) {
+            let parquet = per_file::unfold(&node).map_or_else(|| Arc::clone(&node), |(scan, _)| scan);
+            Ok(match PlannedFile::file_io_of(&parquet) {
                 Some(file_io) => Transformed::yes(Arc::new(LakeScanExec { scan: node, file_io })),
                 None => Transformed::no(node),
             })
@@ -61,9 +69,11 @@ impl LakeScanExec {
     }
 }
 
+// With the scan it wraps, which is not a child: EXPLAIN shows what a worker reads.
 impl DisplayAs for LakeScanExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("LakeScanExec")
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("LakeScanExec: ")?;
+        self.scan.fmt_as(t, f)
     }
 }
 
@@ -117,6 +127,20 @@ struct LakeScanProto {
     /// The table's `FileIO` properties (the storage credentials among them).
     #[prost(map = "string, string", tag = "3")]
     storage: HashMap<String, String>,
+    /// What a folding scan adds to the Parquet scan, when it is one.
+    #[prost(message, optional, tag = "4")]
+    folding: Option<FoldingProto>,
+}
+
+/// A [`per_file::Folding`]; its expressions are over the table's columns.
+#[derive(Clone, PartialEq, Message)]
+struct FoldingProto {
+    #[prost(message, optional, tag = "1")]
+    filter: Option<PhysicalExprNode>,
+    #[prost(message, repeated, tag = "2")]
+    output: Vec<ProjectionExprNode>,
+    #[prost(map = "uint32, uint32", tag = "3")]
+    read: HashMap<u32, u32>,
 }
 
 /// Writes and reads [`LakeScanExec`]s. The scan's predicate may hold expressions only the
@@ -125,12 +149,52 @@ struct LakeScanProto {
 pub struct LakeCodec {
     caches: Arc<Caches>,
     exprs: Arc<dyn PhysicalExtensionCodec>,
+    wrapped: Wrapped,
 }
 
 impl LakeCodec {
-    /// Reads scans through `caches` (the worker's own).
-    pub fn new(caches: Arc<Caches>, exprs: Arc<dyn PhysicalExtensionCodec>) -> Self {
-        Self { caches, exprs }
+    /// Reads scans through `caches` (the worker's own); folding scans see through the
+    /// functions `wrapped` says, as `FoldPerFile` does.
+    pub fn new(caches: Arc<Caches>, exprs: Arc<dyn PhysicalExtensionCodec>, wrapped: Wrapped) -> Self {
+        Self { caches, exprs, wrapped }
+    }
+
+    fn write_folding(&self, folding: per_file::Folding) -> DFResult<FoldingProto> {
+        let expr = |e: &Arc<dyn PhysicalExpr>| serialize_physical_expr(e, self.exprs.as_ref());
+        Ok(FoldingProto {
+            filter: folding.filter.as_ref().map(expr).transpose()?,
+            output: folding
+                .output
+                .iter()
+                .map(|p| Ok(ProjectionExprNode { alias: p.alias.clone(), expr: Some(expr(&p.expr)?) }))
+                .collect::<DFResult<_>>()?,
+            read: folding.read.into_iter().map(|(c, at)| (c as u32, at as u32)).collect(),
+        })
+    }
+
+    fn read_folding(
+        &self,
+        proto: FoldingProto,
+        table: &Schema,
+        ctx: &TaskContext,
+    ) -> DFResult<per_file::Folding> {
+        let expr = |e: &PhysicalExprNode| parse_physical_expr(e, ctx, table, self.exprs.as_ref());
+        let output = proto
+            .output
+            .iter()
+            .map(|p| {
+                let e = p
+                    .expr
+                    .as_ref()
+                    .ok_or_else(|| DataFusionError::Internal("a projection without its expression".into()))?;
+                Ok(ProjectionExpr::new(expr(e)?, p.alias.clone()))
+            })
+            .collect::<DFResult<Vec<_>>>()?;
+        Ok(per_file::Folding {
+            filter: proto.filter.as_ref().map(expr).transpose()?,
+            output: ProjectionExprs::new(output),
+            read: proto.read.into_iter().map(|(c, at)| (c as usize, at as usize)).collect(),
+        })
     }
 }
 
@@ -181,18 +245,27 @@ impl PhysicalExtensionCodec for LakeCodec {
             groups.push(FileGroup::new(files));
         }
         let source = source.clone().with_parquet_file_reader_factory(factory);
+        let table = Arc::clone(source.table_schema().table_schema());
         let config = FileScanConfigBuilder::from(config.clone())
             .with_source(Arc::new(source))
             .with_file_groups(groups)
             .build();
-        Ok(Arc::new(LakeScanExec { scan: DataSourceExec::from_data_source(config), file_io }))
+        let mut scan: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(config);
+        if let Some(folding) = proto.folding {
+            scan = per_file::refold(&scan, self.read_folding(folding, &table, ctx)?, self.wrapped)?;
+        }
+        Ok(Arc::new(LakeScanExec { scan, file_io }))
     }
 
     fn try_encode(&self, node: Arc<dyn ExecutionPlan>, buf: &mut Vec<u8>) -> DFResult<()> {
         let Some(lake) = node.as_any().downcast_ref::<LakeScanExec>() else {
             return Err(DataFusionError::NotImplemented(format!("{} is not a lake scan", node.name())));
         };
-        let exec = lake.scan.as_any().downcast_ref::<DataSourceExec>();
+        let (scan, folding) = match per_file::unfold(&lake.scan) {
+            Some((scan, folding)) => (scan, Some(self.write_folding(folding)?)),
+            None => (Arc::clone(&lake.scan), None),
+        };
+        let exec = scan.as_any().downcast_ref::<DataSourceExec>();
         let (config, _) = exec
             .and_then(|e| e.downcast_to_file_source::<ParquetSource>())
             .ok_or_else(|| DataFusionError::Internal("a lake scan that is not a Parquet scan".into()))?;
@@ -208,11 +281,12 @@ impl PhysicalExtensionCodec for LakeCodec {
                     .ok_or_else(|| DataFusionError::Internal("a planned file without its location".into()))
             })
             .collect::<DFResult<Vec<_>>>()?;
-        let scan = PhysicalPlanNode::try_from_physical_plan(Arc::clone(&lake.scan), self.exprs.as_ref())?;
+        let scan = PhysicalPlanNode::try_from_physical_plan(scan, self.exprs.as_ref())?;
         let proto = LakeScanProto {
             scan: scan.encode_to_vec(),
             locations,
             storage: lake.file_io.config().props().clone(),
+            folding,
         };
         proto.encode(buf).map_err(|e| DataFusionError::Internal(format!("a lake scan: {e}")))
     }

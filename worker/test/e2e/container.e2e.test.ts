@@ -87,6 +87,9 @@ describe("SkiffContainer over a real skiff", () => {
     expect(vars.SKIFF_ADMIN_TOKEN).toMatch(/^[0-9a-f]{64}$/);
     expect(vars.API_TOKEN).not.toBe(TOKEN);
     expect(Object.keys(vars)).not.toContain("SKIFF_INSTANCES");
+    // No pool (SKIFF_WORKER_POOL unset): no workers, and the pool's token (a binding here) stays out.
+    expect(Object.keys(vars)).not.toContain("SKIFF_WORKERS");
+    expect(Object.keys(vars)).not.toContain("SKIFF_WORKER_TOKEN");
     // The settings took effect in skiff: JSON logs, and its own token at its door.
     const json = i.log.filter((l) => l.startsWith("{"));
     expect(json.length).toBeGreaterThan(0);

@@ -1,11 +1,13 @@
-// TEST-ONLY: the production SkiffContainer class (src/container.ts, unchanged, with
-// @cloudflare/containers' Container under it) run in workerd, where Cloudflare's container
-// runtime (`ctx.container`) does not exist. This subclass hands it a stand-in for that runtime
-// whose process is the real skiff binary, started by the LAUNCHER service in Node
-// (test/e2e/launcher.ts): the class's environment, port, start, readiness, lifecycle hooks,
-// credentials and catalog token push all run against a real skiff.
+// TEST-ONLY: the production container classes (SkiffContainer in src/container.ts and
+// SkiffWorkerContainer in src/worker-container.ts, unchanged, with @cloudflare/containers'
+// Container under them) run in workerd, where Cloudflare's container runtime (`ctx.container`)
+// does not exist. These subclasses hand them a stand-in for that runtime whose process is the
+// real skiff binary, started by the LAUNCHER service in Node (test/e2e/launcher.ts): the
+// classes' environment, entrypoint, port, start, readiness, lifecycle hooks, credentials,
+// catalog token push and WebSocket proxying all run against a real skiff.
 import { SkiffContainer } from "../../src/container";
 import type { Env } from "../../src/env";
+import { SkiffWorkerContainer } from "../../src/worker-container";
 
 const LAUNCH = "http://launcher";
 
@@ -23,10 +25,11 @@ class LauncherContainer {
     return known.get(this.id)?.running ?? false;
   }
 
-  start(options?: { env?: Record<string, string> }): void {
+  start(options?: { env?: Record<string, string>; entrypoint?: string[] }): void {
     if (this.running) throw new Error("start() cannot be called on a container that is already running.");
+    const body = { id: this.id, env: options?.env ?? {}, entrypoint: options?.entrypoint };
     const port = this.launcher
-      .fetch(`${LAUNCH}/start`, { method: "POST", body: JSON.stringify({ id: this.id, env: options?.env ?? {} }) })
+      .fetch(`${LAUNCH}/start`, { method: "POST", body: JSON.stringify(body) })
       .then(async (r) => {
         if (!r.ok) throw new Error(`the container could not start: ${await r.text()}`);
         return ((await r.json()) as { port: number }).port;
@@ -55,6 +58,7 @@ class LauncherContainer {
       const request = new Request(input, init);
       const u = new URL(request.url);
       try {
+        // A WebSocket upgrade too: workerd's fetch makes the handshake and returns the socket.
         return await fetch(new Request(`http://127.0.0.1:${hostPort}${u.pathname}${u.search}`, request));
       } catch (error) {
         // What workerd says while nothing accepts on the port yet.
@@ -78,12 +82,23 @@ export interface LauncherEnv {
   LAUNCHER: Fetcher;
 }
 
+/**
+ * The real state (the Durable Object base class takes nothing else), with its `container`
+ * (undefined here: no container runtime) shadowed by one that starts skiff through the launcher.
+ */
+function withLauncher(ctx: DurableObjectState<{}>, env: LauncherEnv): DurableObjectState<{}> {
+  Object.defineProperty(ctx, "container", { value: new LauncherContainer(env.LAUNCHER, ctx.id.toString()), configurable: true });
+  return ctx;
+}
+
 export class TestSkiffContainer extends SkiffContainer {
   constructor(ctx: DurableObjectState<{}>, env: Env & LauncherEnv) {
-    const container = new LauncherContainer(env.LAUNCHER, ctx.id.toString());
-    // The real state (the Durable Object base class takes nothing else), with its `container`
-    // (undefined here: no container runtime) shadowed by one that starts skiff through the launcher.
-    Object.defineProperty(ctx, "container", { value: container, configurable: true });
-    super(ctx, env);
+    super(withLauncher(ctx, env), env);
+  }
+}
+
+export class TestSkiffWorkerContainer extends SkiffWorkerContainer {
+  constructor(ctx: DurableObjectState<{}>, env: Env & LauncherEnv) {
+    super(withLauncher(ctx, env), env);
   }
 }

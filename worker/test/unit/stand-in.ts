@@ -1,10 +1,11 @@
-// A stand-in for SkiffContainer. Cloudflare's container runtime (the Durable Object's
-// `ctx.container`) cannot run here, so the unit tests bind SKIFF to this plain Durable Object
-// instead. It answers as skiff in the container would: it echoes what it received, and on
-// request (test-only header `x-stand-in`) it streams slowly, fails like @cloudflare/containers
-// does when a container cannot start, or throws.
+// A stand-in for SkiffContainer and SkiffWorkerContainer. Cloudflare's container runtime (the
+// Durable Object's `ctx.container`) cannot run here, so the unit tests bind SKIFF and
+// SKIFF_WORKER to this plain Durable Object instead. It answers as skiff in the container would:
+// it echoes what it received (for a WebSocket upgrade: as the first message, then every message
+// back), and on request (test-only header `x-stand-in`) it streams slowly, fails like
+// @cloudflare/containers does when a container cannot start, or throws.
 import { DurableObject } from "cloudflare:workers";
-import type { InstanceReport } from "../../src/container";
+import { restartAnswer, type InstanceReport } from "../../src/container";
 
 export interface Echo {
   instance: string | undefined;
@@ -47,6 +48,11 @@ export class StandInContainer extends DurableObject {
         return new Response("Container suddenly disconnected, try again", { status: 500 });
       case "rate-limited":
         return new Response("you are requesting too many containers per second", { status: 429 });
+      case "restarting":
+        return restartAnswer("the worker pool changed; skiff restarts with it");
+      // What skiff's tunnel answers a token it does not hold.
+      case "tunnel-401":
+        return Response.json({ error: "unauthorized" }, { status: 401 });
       case "throw":
         throw new Error("durable object broke");
       // skiff's own errors must pass through untouched.
@@ -65,6 +71,17 @@ export class StandInContainer extends DurableObject {
       headers: Object.fromEntries(request.headers),
       body: base64(new Uint8Array(await request.arrayBuffer())),
     };
+    if (request.headers.get("upgrade")?.toLowerCase() === "websocket") {
+      const [client, server] = Object.values(new WebSocketPair()) as [WebSocket, WebSocket];
+      server.accept();
+      server.send(JSON.stringify(echo));
+      // Binary messages arrive as Blobs at this compatibility date, as the library also expects.
+      server.addEventListener("message", (event) => {
+        if (event.data instanceof Blob) void event.data.arrayBuffer().then((b) => server.send(b));
+        else server.send(event.data);
+      });
+      return new Response(null, { status: 101, webSocket: client, headers: { "x-from": "stand-in" } });
+    }
     return Response.json(echo, { headers: { "x-from": "stand-in" } });
   }
 

@@ -462,9 +462,20 @@ describe("container configuration", () => {
       if (SET_BY_CONTAINER.has(k) || WORKER_ONLY.has(k)) continue;
       expect(vars[k], k).toBe(`value-of-${k}`);
     }
-    // What the container sets itself is what the deployment needs, whatever the env says.
-    expect([...SET_BY_CONTAINER].filter((k) => settings.includes(k)).sort()).toEqual(
-      ["API_TOKEN", "SKIFF_ADMIN_TOKEN", "SKIFF_FLIGHT_ADDR", "SKIFF_HTTP_ADDR"].sort(),
-    );
+    // What the containers set themselves is what the deployment needs, whatever the env says:
+    // listeners, skiff's own tokens, and the worker pool (the tunnel's settings may not be in
+    // config.rs yet; the pool's list is).
+    expect(settings).toContain("SKIFF_WORKERS");
+    const intended = [
+      "API_TOKEN",
+      "SKIFF_ADMIN_TOKEN",
+      "SKIFF_FLIGHT_ADDR",
+      "SKIFF_HTTP_ADDR",
+      "SKIFF_WORKERS",
+      "SKIFF_WORKER_ADDR",
+      "SKIFF_WORKER_TUNNEL_ADDR",
+      "SKIFF_WORKER_TOKEN",
+    ];
+    expect([...SET_BY_CONTAINER].filter((k) => settings.includes(k)).sort()).toEqual(intended.filter((k) => settings.includes(k)).sort());
   });
 });

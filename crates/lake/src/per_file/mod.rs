@@ -184,6 +184,52 @@ fn folded(
     Ok(Some(plan))
 }
 
+/// What a folding scan adds to the Parquet scan it reads through: how it travels to a
+/// distributed worker beside that scan (`travel`).
+pub(crate) struct Folding {
+    pub(crate) filter: Option<Arc<dyn PhysicalExpr>>,
+    pub(crate) output: ProjectionExprs,
+    /// Table column → its place in the Parquet scan's output.
+    pub(crate) read: HashMap<usize, usize>,
+}
+
+/// `plan`, when it is a folding scan, as the Parquet scan under it and its folding.
+pub(crate) fn unfold(plan: &Arc<dyn ExecutionPlan>) -> Option<(Arc<dyn ExecutionPlan>, Folding)> {
+    let exec = plan.as_any().downcast_ref::<DataSourceExec>()?;
+    let (config, folding) = exec.downcast_to_file_source::<FoldingSource>()?;
+    let config = FileScanConfigBuilder::from(config.clone()).with_source(Arc::clone(&folding.inner)).build();
+    let parts = Folding {
+        filter: folding.filter.clone(),
+        output: folding.output.clone(),
+        read: folding.read.as_ref().clone(),
+    };
+    Some((DataSourceExec::from_data_source(config), parts))
+}
+
+/// The folding scan of `folding` over `scan`, a Parquet scan (as [`unfold`] splits one).
+pub(crate) fn refold(
+    scan: &Arc<dyn ExecutionPlan>,
+    folding: Folding,
+    wrapped: Wrapped,
+) -> DFResult<Arc<dyn ExecutionPlan>> {
+    let internal =
+        |what: &str| datafusion::error::DataFusionError::Internal(format!("a folding scan {what}"));
+    let exec =
+        scan.as_any().downcast_ref::<DataSourceExec>().ok_or_else(|| internal("over no data source"))?;
+    let (config, source) =
+        exec.downcast_to_file_source::<ParquetSource>().ok_or_else(|| internal("over no Parquet scan"))?;
+    let source = FoldingSource {
+        inner: Arc::new(source.clone()),
+        inner_schema: scan.schema(),
+        read: Arc::new(folding.read),
+        filter: folding.filter,
+        output: folding.output,
+        wrapped,
+    };
+    let config = FileScanConfigBuilder::from(config.clone()).with_source(Arc::new(source)).build();
+    Ok(DataSourceExec::from_data_source(config))
+}
+
 /// `e` with each column `i` replaced by `by[i]`.
 fn substitute(e: &Arc<dyn PhysicalExpr>, by: &[Arc<dyn PhysicalExpr>]) -> DFResult<Arc<dyn PhysicalExpr>> {
     Arc::clone(e)
