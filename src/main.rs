@@ -110,16 +110,10 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
     let catalog_token = catalog::CatalogToken::new(cfg.catalog_token());
     // Both listeners first: skiff answers at once (503 `starting` until the catalog is reached),
     // and a port already taken stops it before anything else.
-    let listener = tokio::net::TcpListener::bind(cfg.http_addr)
-        .await
-        .map_err(|e| StartError::Msg(format!("cannot listen on {}: {e}", cfg.http_addr)))?;
+    let listener = bind(cfg.http_addr, "--http-addr").await?;
     let addr = listener.local_addr()?;
     let flight_listener = match cfg.flight_addr.0 {
-        Some(a) => Some(
-            tokio::net::TcpListener::bind(a)
-                .await
-                .map_err(|e| StartError::Msg(format!("cannot listen on {a} (--flight-addr): {e}")))?,
-        ),
+        Some(a) => Some(bind(a, "--flight-addr").await?),
         None => None,
     };
     let startup = Arc::new(http::Startup::default());
@@ -217,6 +211,13 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
         Err(_) => tracing::warn!("connections still open after {WIND_DOWN:?}; closing them"),
     }
     Ok(())
+}
+
+/// Listens on `addr`, which `flag` gave.
+async fn bind(addr: std::net::SocketAddr, flag: &str) -> StartResult<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| StartError::Msg(format!("cannot listen on {addr} ({flag}): {e}")))
 }
 
 /// Connects to the catalog and lists the lake, again and again (backing off from 1 s to 30 s,

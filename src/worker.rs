@@ -20,7 +20,7 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use crate::auth::Auth;
 use crate::config::WorkerConfig;
 use crate::error::{StartError, StartResult};
-use crate::{Signals, connection_cap, flight, http, listen};
+use crate::{Signals, bind, connection_cap, flight, http, listen};
 
 /// Serves stages to coordinators until a signal comes.
 pub async fn run(cfg: WorkerConfig) -> StartResult<()> {
@@ -34,29 +34,25 @@ pub async fn run(cfg: WorkerConfig) -> StartResult<()> {
         caches,
         tokens.first().map(String::as_str),
     )?;
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .map_err(|e| StartError::Msg(format!("cannot listen on {} (--listen): {e}", cfg.listen)))?;
+    let listener = bind(cfg.listen, "--listen").await?;
     let addr = listener.local_addr()?;
     let tunnel_listener = match cfg.tunnel.0 {
-        Some(a) => Some(
-            tokio::net::TcpListener::bind(a)
-                .await
-                .map_err(|e| StartError::Msg(format!("cannot listen on {a} (--tunnel): {e}")))?,
-        ),
+        Some(a) => Some(bind(a, "--tunnel").await?),
         None => None,
     };
     let auth = Auth::new(tokens);
     let bounds =
         listen::Bounds { max: connection_cap(settings.max_connections), idle: settings.idle_timeout };
     let stop = tokio_util::sync::CancellationToken::new();
+    let tunnel_addr = tunnel_listener.as_ref().map(|l| l.local_addr()).transpose()?;
     let tunnel = tunnel_listener.map(|l| {
-        let tunnel = Arc::new(Tunnel { auth: auth.clone(), grpc: loopback(addr) });
-        tracing::info!(tunnel = %format!("http://{}", l.local_addr().map_or(addr, |a| a)), "worker tunnel listening");
-        tokio::spawn(http::serve::serve(l, router(tunnel), bounds, settings.header_timeout, stop.clone().cancelled_owned()))
+        let routes = router(Arc::new(Tunnel { auth: auth.clone(), grpc: loopback(addr) }));
+        let stopped = stop.clone().cancelled_owned();
+        tokio::spawn(http::serve::serve(l, routes, bounds, settings.header_timeout, stopped))
     });
     tracing::info!(
         grpc = %format!("http://{addr}"),
+        tunnel = %tunnel_addr.map_or("off".into(), |a| format!("http://{a}")),
         auth = if auth.enabled() { "bearer token" } else { "off" },
         "skiff {} worker ready",
         env!("CARGO_PKG_VERSION")
@@ -78,8 +74,8 @@ pub async fn run(cfg: WorkerConfig) -> StartResult<()> {
     Ok(())
 }
 
-/// The tokens a worker accepts; the first is the one it sends to other workers. Fails closed: a worker that can be
-/// reached from beyond its own machine must have one.
+/// The tokens a worker accepts; the first is the one it sends to other workers. Fails closed:
+/// a worker that can be reached from beyond its own machine must have one.
 fn worker_tokens(cfg: &WorkerConfig) -> Result<Vec<String>, String> {
     let tokens = cfg.settings.worker_tokens();
     if cfg.settings.worker_token.is_some() && tokens.is_empty() {
