@@ -324,9 +324,13 @@ impl ServeConfig {
 
     /// The worker tokens (`--worker-token`, comma-separated so that workers can accept a new
     /// one before the old one goes); the first is the one sent.
-    pub fn worker_tokens(&self) -> Vec<String> {
+    pub fn worker_tokens(&self) -> Result<Vec<String>, String> {
         let tokens = self.worker_token.as_deref().unwrap_or_default().split(',');
-        tokens.map(str::trim).filter(|t| !t.is_empty()).map(String::from).collect()
+        let tokens: Vec<String> = tokens.map(str::trim).filter(|t| !t.is_empty()).map(String::from).collect();
+        if self.worker_token.is_some() && tokens.is_empty() {
+            return Err("--worker-token is empty".into());
+        }
+        Ok(tokens)
     }
 
     /// The REST catalog token, falling back to `CF_API_TOKEN` as Cloudflare deployments set it.
@@ -353,9 +357,7 @@ impl ServeConfig {
         if self.admin_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
             return Err("--admin-token is empty".into());
         }
-        if self.worker_token.is_some() && self.worker_tokens().is_empty() {
-            return Err("--worker-token is empty".into());
-        }
+        self.worker_tokens()?;
         if self.worker_token.is_none() && self.workers.iter().any(|w| w.scheme() != "http") {
             return Err("workers reached through a WebSocket (ws://, wss://) need --worker-token".into());
         }
@@ -612,7 +614,7 @@ pub(crate) mod tests {
     #[test]
     fn worker_tokens_are_a_list_whose_first_is_sent_and_tunnels_need_one() {
         let cfg = serve(&["--worker-token", " new , old ,"]);
-        assert_eq!(cfg.worker_tokens(), ["new", "old"]);
+        assert_eq!(cfg.worker_tokens().unwrap(), ["new", "old"]);
         assert!(cfg.validate().is_ok());
         assert!(serve(&["--worker-token", " , "]).validate().unwrap_err().contains("empty"));
         let tunneled = serve(&["--workers", "http://10.0.0.2:50051,wss://s.example.com/_worker/1"]);

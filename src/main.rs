@@ -154,7 +154,7 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
             datafusion_options: cfg.datafusion_options.clone(),
             disabled: cfg.disabled_rules().map_err(StartError::Msg)?,
             workers: cfg.workers.clone(),
-            worker_token: cfg.worker_tokens().into_iter().next(),
+            worker_token: cfg.worker_tokens().map_err(StartError::Msg)?.into_iter().next(),
         },
     )?;
     let flight_addr = flight_listener.as_ref().map(|l| l.local_addr()).transpose()?;

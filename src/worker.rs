@@ -77,10 +77,7 @@ pub async fn run(cfg: WorkerConfig) -> StartResult<()> {
 /// The tokens a worker accepts; the first is the one it sends to other workers. Fails closed:
 /// a worker that can be reached from beyond its own machine must have one.
 fn worker_tokens(cfg: &WorkerConfig) -> Result<Vec<String>, String> {
-    let tokens = cfg.settings.worker_tokens();
-    if cfg.settings.worker_token.is_some() && tokens.is_empty() {
-        return Err("--worker-token is empty".into());
-    }
+    let tokens = cfg.settings.worker_tokens()?;
     if tokens.is_empty() && cfg.tunnel.0.is_some() {
         return Err(
             "--tunnel needs --worker-token (SKIFF_WORKER_TOKEN): the tunnel is reached over HTTP".into()

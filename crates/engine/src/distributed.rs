@@ -14,7 +14,6 @@ use async_trait::async_trait;
 use arrow::array::RecordBatch;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::context::SessionState;
@@ -22,7 +21,6 @@ use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SessionStateBuilder, TaskContext};
 use datafusion::logical_expr::{AggregateUDF, ScalarUDF, WindowUDF};
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
 use datafusion::physical_expr::window::StandardWindowExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
@@ -382,15 +380,8 @@ impl Distribute {
 /// dynamic filters are not looked for: the search stops at a join.
 fn top_k_prunes_a_scan(plan: &Arc<dyn ExecutionPlan>) -> bool {
     fn prunes(node: &Arc<dyn ExecutionPlan>) -> bool {
-        if let Some(scan) = node.as_any().downcast_ref::<DataSourceExec>() {
-            let filter = scan
-                .data_source()
-                .as_any()
-                .downcast_ref::<FileScanConfig>()
-                .and_then(|c| c.file_source().filter());
-            return filter.is_some_and(|f| {
-                f.exists(|e| Ok(e.as_any().is::<DynamicFilterPhysicalExpr>())).unwrap_or(false)
-            });
+        if node.as_any().is::<DataSourceExec>() {
+            return skiff_lake::scan_takes_dynamic_filter(node);
         }
         let any = node.as_any();
         let join = any.is::<HashJoinExec>()

@@ -38,7 +38,7 @@ use cache::Caches;
 use error::LakeError;
 pub use per_file::{FoldPerFile, Wrapped};
 pub use reader::with_parquet_source;
-pub use row_filter::{DynamicRowFilters, SelectiveFirst};
+pub use row_filter::{DynamicRowFilters, SelectiveFirst, scan_takes_dynamic_filter};
 pub use scan::ScanOptions;
 pub use table::versions_read;
 use table::{PhysicalTable, VersionedTable};

@@ -275,12 +275,23 @@ impl PhysicalOptimizerRule for DynamicRowFilters {
     }
 }
 
+/// Whether `source`'s predicate holds a dynamic filter (one a join or a top-k above it fills).
+fn takes_dynamic_filter(source: &ParquetSource) -> bool {
+    let predicate = source.filter();
+    predicate.is_some_and(|p| p.exists(|e| Ok(e.as_any().is::<DynamicFilterPhysicalExpr>())).unwrap_or(false))
+}
+
+/// Whether `plan` is a Parquet scan whose predicate holds a dynamic filter.
+pub fn scan_takes_dynamic_filter(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    let exec = plan.as_any().downcast_ref::<DataSourceExec>();
+    exec.and_then(|e| e.downcast_to_file_source::<ParquetSource>())
+        .is_some_and(|(_, s)| takes_dynamic_filter(s))
+}
+
 /// `plan` with its row filter on, if it is a Parquet scan with a dynamic filter and without one.
 fn with_row_filter(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
     with_parquet_source(plan, |source| {
-        let predicate = source.filter()?;
-        let dynamic = predicate.exists(|e| Ok(e.as_any().is::<DynamicFilterPhysicalExpr>())).ok()?;
-        if !dynamic || source.table_parquet_options().global.pushdown_filters {
+        if !takes_dynamic_filter(source) || source.table_parquet_options().global.pushdown_filters {
             return None;
         }
         Some(source.clone().with_pushdown_filters(true).with_reorder_filters(true))
