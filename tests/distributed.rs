@@ -99,6 +99,15 @@ fn coordinator(dir: &std::path::Path, workers: &[Worker], more: &[&str]) -> Serv
     Server::start(Opts { args, ..Default::default() })
 }
 
+/// The `metrics` of `sql`'s answer on the Basin route.
+fn basin_metrics(server: &Server, sql: &str) -> serde_json::Value {
+    let r =
+        server.post("/api/v1/accounts/a/basin-sql/query/b", serde_json::json!({ "query": sql }).to_string());
+    assert_eq!(r.status(), 200);
+    let body: serde_json::Value = r.json().unwrap();
+    body["result"]["metrics"].clone()
+}
+
 #[test]
 fn a_coordinator_with_two_workers_answers_as_one_skiff() {
     let dir = tempdir();
@@ -116,6 +125,22 @@ fn a_coordinator_with_two_workers_answers_as_one_skiff() {
     let (_, explain) =
         coordinator.query("EXPLAIN SELECT event, ts FROM glass.events ORDER BY ts DESC LIMIT 5");
     assert!(!explain.to_string().contains("Network"), "a pruning top-k was spread: {explain}");
+
+    // What the workers read counts in the query's metrics (here the Basin envelope's), as if
+    // the coordinator had read it.
+    let sql = "SELECT event, count(*) FROM glass.events GROUP BY event";
+    let (one, many) = (basin_metrics(&alone, sql), basin_metrics(&coordinator, sql));
+    for m in [&one, &many] {
+        let scanned = m["files_scanned"].as_u64().unwrap();
+        assert!(scanned > 0 && scanned >= m["files_planned"].as_u64().unwrap(), "{m}");
+        assert!(
+            m["bytes_scanned"].as_u64().unwrap() > 0 && m["r2_requests_count"].as_u64().unwrap() > 0,
+            "{m}"
+        );
+    }
+    for count in ["files_scanned", "bytes_scanned"] {
+        assert_eq!(many[count], one[count], "{count} spread: {many}; alone: {one}");
+    }
 
     let (mut spread, mut folded) = (Vec::new(), 0);
     for (name, sql) in queries() {

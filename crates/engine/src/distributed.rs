@@ -30,9 +30,10 @@ use datafusion::physical_plan::joins::{
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowAggExec, WindowUDFExpr};
 use datafusion_distributed::{
-    BoxCloneSyncChannel, ChannelResolver, DistributedCodec, DistributedExt, DistributedPhysicalOptimizerRule,
-    GetWorkerInfoRequest, NetworkBoundaryExt, Worker, WorkerQueryContext, WorkerResolver,
-    WorkerServiceClient, create_worker_client,
+    BoxCloneSyncChannel, ChannelResolver, DistributedCodec, DistributedExec, DistributedExt,
+    DistributedMetricsFormat, DistributedPhysicalOptimizerRule, GetWorkerInfoRequest, NetworkBoundaryExt,
+    Worker, WorkerQueryContext, WorkerResolver, WorkerServiceClient, create_worker_client,
+    rewrite_distributed_plan_with_metrics,
 };
 use datafusion_proto::physical_plan::{
     AsExecutionPlan, ComposedPhysicalExtensionCodec, PhysicalExtensionCodec,
@@ -41,6 +42,7 @@ use datafusion_proto::protobuf::PhysicalPlanNode;
 use futures::{Stream, StreamExt};
 use prost::Message;
 use skiff_lake::cache::Caches;
+use skiff_lake::stats::QueryStats;
 use skiff_lake::{LakeCodec, LakeScanExec};
 use tonic::codegen::http::{self, HeaderValue};
 use tonic::transport::Channel;
@@ -223,6 +225,29 @@ async fn ask(url: &Url, channels: &Channels) -> Reply {
         }
     };
     tokio::time::timeout(Duration::from_secs(1), asked).await.ok().flatten().unwrap_or(Reply::Silent)
+}
+
+/// Adds to `stats` what the workers of `plan`, a query that has ended, read: their scans'
+/// counts come back as plan metrics when each task ends. A query that stopped reading early
+/// (a `LIMIT`) may not have every task's metrics; then only the coordinator's reads count,
+/// which the log says.
+pub fn count_worker_reads(plan: &Arc<dyn ExecutionPlan>, stats: &QueryStats) {
+    if !plan.as_any().is::<DistributedExec>() {
+        return;
+    }
+    let counted =
+        rewrite_distributed_plan_with_metrics(Arc::clone(plan), DistributedMetricsFormat::Aggregated)
+            .and_then(|plan| {
+                plan.apply(|node| {
+                    if let Some(metrics) = node.metrics() {
+                        stats.add_reads(&metrics);
+                    }
+                    Ok(TreeNodeRecursion::Continue)
+                })
+            });
+    if let Err(e) = counted {
+        tracing::debug!(error = %e, "the workers' reads are not in this query's metrics");
+    }
 }
 
 /// Everything a plan needs to travel: skiff's scans (reading through `caches`) and nodes.

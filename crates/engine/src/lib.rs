@@ -618,7 +618,7 @@ impl Planner {
         let schema = response_schema(df.schema().as_arrow());
         let open = stats.clone();
         let out = schema.clone();
-        let lazy = execute_on(&self.runtime, df).map_err(move |e| name_open_files(e, &open));
+        let lazy = execute_on(&self.runtime, df, stats.clone()).map_err(move |e| name_open_files(e, &open));
         let lazy = match &self.cluster {
             Some(cluster) => Arc::clone(cluster).name_lost_workers(lazy).boxed(),
             None => lazy.boxed(),
@@ -692,10 +692,12 @@ impl Drop for QueryRuntime {
 /// Executes `df` on `runtime`, from its first poll (so "not modified" still executes
 /// nothing), and hands its batches over: the caller only waits for them. When the caller
 /// drops the stream the query stops, and a query that panics ends in an error, never in
-/// what would look like a complete answer.
+/// what would look like a complete answer. Workers' reads are added to `stats` before the
+/// end reaches the caller, who reads them then.
 fn execute_on(
     runtime: &tokio::runtime::Handle,
     df: DataFrame,
+    stats: Arc<QueryStats>,
 ) -> impl futures::Stream<Item = datafusion::error::Result<RecordBatch>> + Send + 'static {
     use datafusion::error::DataFusionError;
     use futures::StreamExt;
@@ -707,7 +709,11 @@ fn execute_on(
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let task = runtime.spawn(
             async move {
-                let mut batches = match df.execute_stream().await {
+                let task = Arc::new(df.task_ctx());
+                let started = df.create_physical_plan().await.and_then(|plan| {
+                    Ok((datafusion::physical_plan::execute_stream(Arc::clone(&plan), task)?, plan))
+                });
+                let (mut batches, plan) = match started {
                     Ok(s) => s,
                     Err(e) => {
                         let _ = tx.send(Err(e)).await;
@@ -719,7 +725,10 @@ fn execute_on(
                         _ = tx.closed() => return,
                         next = batches.next() => next,
                     };
-                    let Some(item) = next else { return };
+                    let Some(item) = next else {
+                        distributed::count_worker_reads(&plan, &stats);
+                        return;
+                    };
                     if tx.send(item).await.is_err() {
                         return;
                     }

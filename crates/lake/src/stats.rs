@@ -6,6 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use datafusion::catalog::Session;
+use datafusion::physical_plan::metrics::{Count, Metric, MetricValue, MetricsSet};
+
+const FILES_SCANNED: &str = "skiff_files_scanned";
+const BYTES_SCANNED: &str = "skiff_bytes_scanned";
+const REQUESTS: &str = "skiff_requests";
 
 #[derive(Debug, Default)]
 pub struct QueryStats {
@@ -108,11 +113,74 @@ impl QueryStats {
         self.ended.get().and_then(|e| e.downcast_ref::<E>())
     }
 
+    /// The reads counted here, as plan metrics: how a worker's reads reach the coordinator,
+    /// whose `QueryStats` is in another process. Named apart from DataFusion's own Parquet
+    /// metrics (`bytes_scanned` is one), which count what they see differently.
+    pub fn reads_as_metrics(&self) -> MetricsSet {
+        let mut set = MetricsSet::new();
+        for (name, n) in self.reads() {
+            let count = Count::new();
+            count.add(n as usize);
+            set.push(Arc::new(Metric::new(MetricValue::Count { name: name.into(), count }, None)));
+        }
+        set
+    }
+
+    /// Adds the reads in `metrics` (from [`Self::reads_as_metrics`], summed over a worker's
+    /// tasks) to these.
+    pub fn add_reads(&self, metrics: &MetricsSet) {
+        for metric in metrics.iter() {
+            let MetricValue::Count { name, count } = metric.value() else { continue };
+            let counter = match name.as_ref() {
+                FILES_SCANNED => &self.files_scanned,
+                BYTES_SCANNED => &self.bytes_scanned,
+                REQUESTS => &self.requests,
+                _ => continue,
+            };
+            counter.fetch_add(count.value() as u64, Ordering::Relaxed);
+        }
+    }
+
+    fn reads(&self) -> [(&'static str, u64); 3] {
+        [
+            (FILES_SCANNED, self.files_scanned()),
+            (BYTES_SCANNED, self.bytes_scanned()),
+            (REQUESTS, self.requests()),
+        ]
+    }
+
     pub fn set_result_cache(&self, how: &'static str) {
         let _ = self.result_cache.set(how);
     }
 
     pub fn result_cache(&self) -> &'static str {
         self.result_cache.get().copied().unwrap_or("off")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_go_through_plan_metrics_and_nothing_else_counts() {
+        let worker = QueryStats::default();
+        worker.files_scanned.store(3, Ordering::Relaxed);
+        worker.bytes_scanned.store(4096, Ordering::Relaxed);
+        worker.requests.store(7, Ordering::Relaxed);
+        let mut metrics = worker.reads_as_metrics();
+        // DataFusion's own Parquet metric of the same plain name is not skiff's count.
+        let count = Count::new();
+        count.add(1 << 30);
+        metrics.push(Arc::new(Metric::new(MetricValue::Count { name: "bytes_scanned".into(), count }, None)));
+
+        let coordinator = QueryStats::default();
+        coordinator.bytes_scanned.store(100, Ordering::Relaxed);
+        coordinator.add_reads(&metrics);
+        coordinator.add_reads(&metrics);
+        assert_eq!(
+            (coordinator.files_scanned(), coordinator.bytes_scanned(), coordinator.requests()),
+            (6, 100 + 2 * 4096, 14)
+        );
     }
 }

@@ -23,6 +23,7 @@ use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::projection::{ProjectionExpr, ProjectionExprs};
+use datafusion::physical_plan::metrics::MetricsSet;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
 };
@@ -43,6 +44,10 @@ use crate::stats::QueryStats;
 pub struct LakeScanExec {
     scan: Arc<dyn ExecutionPlan>,
     file_io: FileIO,
+    /// What the scan read, when it was read back on a worker: the query's `QueryStats` is
+    /// the coordinator's, so a worker's reads go back to it as this node's metrics, which
+    /// `datafusion-distributed` sends when the task ends.
+    reads: Option<Arc<QueryStats>>,
 }
 
 // Without the `FileIO`, as `reader.rs`'s types.
@@ -61,7 +66,9 @@ impl LakeScanExec {
             }
             let parquet = per_file::unfold(&node).map_or_else(|| Arc::clone(&node), |(scan, _)| scan);
             Ok(match PlannedFile::file_io_of(&parquet) {
-                Some(file_io) => Transformed::yes(Arc::new(LakeScanExec { scan: node, file_io })),
+                Some(file_io) => {
+                    Transformed::yes(Arc::new(LakeScanExec { scan: node, file_io, reads: None }))
+                }
                 None => Transformed::no(node),
             })
         })
@@ -112,6 +119,10 @@ impl ExecutionPlan for LakeScanExec {
 
     fn partition_statistics(&self, partition: Option<usize>) -> DFResult<datafusion::common::Statistics> {
         self.scan.partition_statistics(partition)
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        self.reads.as_ref().map(|r| r.reads_as_metrics())
     }
 }
 
@@ -211,9 +222,10 @@ impl PhysicalExtensionCodec for LakeCodec {
             .map_err(|e| DataFusionError::Internal(format!("a lake scan's plan: {e}")))?;
         let scan = node.try_into_physical_plan(ctx, self.exprs.as_ref())?;
         let file_io = FileIOBuilder::new(storage_factory()).with_props(proto.storage).build();
+        let reads = Arc::new(QueryStats::default());
         let factory = Arc::new(FileIoReaderFactory {
             file_io: file_io.clone(),
-            stats: ctx.session_config().get_extension::<QueryStats>().unwrap_or_default(),
+            stats: Arc::clone(&reads),
             caches: Arc::clone(&self.caches),
         });
         let exec = scan
@@ -254,7 +266,7 @@ impl PhysicalExtensionCodec for LakeCodec {
         if let Some(folding) = proto.folding {
             scan = per_file::refold(&scan, self.read_folding(folding, &table, ctx)?, self.wrapped)?;
         }
-        Ok(Arc::new(LakeScanExec { scan, file_io }))
+        Ok(Arc::new(LakeScanExec { scan, file_io, reads: Some(reads) }))
     }
 
     fn try_encode(&self, node: Arc<dyn ExecutionPlan>, buf: &mut Vec<u8>) -> DFResult<()> {
