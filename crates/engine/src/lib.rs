@@ -4,6 +4,7 @@
 pub mod admission;
 mod bounded_functions;
 mod coalesce;
+mod constant_group_keys;
 mod count_distinct;
 mod date_trunc;
 pub mod deadline;

@@ -116,3 +116,9 @@ snapshot!(
     ["yielding_joins"],
     "SELECT e.device, i.person FROM events e CROSS JOIN identities i"
 );
+
+snapshot!(
+    a_scalar_subquery_groups_by_its_key_alone,
+    ["constant_group_keys"],
+    "SELECT device, ts FROM events o WHERE ts > (SELECT min(ts) FROM events i WHERE i.device = o.device)"
+);

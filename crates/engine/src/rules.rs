@@ -57,6 +57,12 @@ pub const RULES: &[Rule] = &[
          distinct_strings_count",
     ),
     rule(
+        "constant_group_keys",
+        "constant group keys are dropped from a grouping that has other keys",
+        "DataFusion's EliminateGroupByConstant, left out of skiff's list because it also drops \
+         the last key (difftest regression 011); goes when it keeps a grouping's last key",
+    ),
+    rule(
         "group_keys_at_scan",
         "group keys such as date_trunc(…) are computed right above the scan",
         "leaf expression pushdown, datafusion#20117 (merged, get_field only) and epic #25459 \
@@ -205,7 +211,7 @@ type PhysicalRule = Arc<dyn PhysicalOptimizerRule + Send + Sync>;
 /// that skiff's go in their places by construction (a test checks the list against
 /// DataFusion's). One is left out: `EliminateGroupByConstant` turns `GROUP BY <constant>` into
 /// an aggregation without groups, which over no rows answers one row instead of none
-/// (difftest regression 011).
+/// (difftest regression 011); `constant_group_keys` runs in its place.
 fn logical(off: &Disabled) -> Vec<LogicalRule> {
     use datafusion::optimizer::{
         common_subexpr_eliminate::CommonSubexprEliminate, decorrelate_lateral_join::DecorrelateLateralJoin,
@@ -251,6 +257,10 @@ fn logical(off: &Disabled) -> Vec<LogicalRule> {
     } else {
         Arc::new(SingleDistinctToGroupBy::new())
     });
+    // Where DataFusion's `EliminateGroupByConstant` runs, in its place.
+    if off.is_on("constant_group_keys") {
+        rules.push(Arc::new(super::constant_group_keys::ConstantGroupKeys));
+    }
     rules.extend([
         Arc::new(CommonSubexprEliminate::new()) as LogicalRule,
         Arc::new(ExtractLeafExpressions::new()),
