@@ -11,6 +11,7 @@ mod error;
 mod flight;
 mod http;
 mod listen;
+mod malloc;
 mod observe;
 mod state;
 mod worker;
@@ -29,6 +30,7 @@ use crate::config::{Cli, Command, ServeConfig};
 use crate::error::{StartError, StartResult};
 
 fn main() -> ExitCode {
+    malloc::tune();
     // A bare `skiff` (what `cargo run --release` runs) serves with the environment's settings,
     // and the demo lake when they name no catalog: the one way the demo is implied.
     let args: Vec<String> = std::env::args().collect();

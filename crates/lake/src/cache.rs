@@ -50,7 +50,8 @@ struct LoadedTable {
 pub struct Sample {
     /// The share of the sampled rows the filter keeps.
     pub(super) share: f64,
-    /// Bytes of the scan's other columns over bytes of the filter's columns (uncompressed).
+    /// Bytes of the scan's other columns of variable width (strings, binary) over bytes of the
+    /// filter's columns (uncompressed).
     pub(super) width: f64,
     /// Each of the filter's conditions, over the table's columns, with the share it keeps alone.
     pub(super) conditions: Shares,
