@@ -5,7 +5,7 @@
 //! events; when most rows match it is slower (up to 1.6× on `trends`), because decoding every
 //! column once and filtering afterwards costs less than decoding selectively. So skiff
 //! measures: it evaluates the scan's filters on a sample of one planned file and uses a row
-//! filter when few rows match and the columns it would skip are wide. Data files never change,
+//! filter when few rows match and the strings it would skip are wide. Data files never change,
 //! so the measurement is cached per file, filter and columns. Filters that arrive during
 //! execution (top-k bounds, join keys) always go into the row filter (`DynamicRowFilters`).
 //! The sample also measures each condition alone, and the row filter tests the one that keeps
