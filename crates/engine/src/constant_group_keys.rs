@@ -5,8 +5,8 @@
 //! more than its bytes: DataFusion sees a constant column as sorted, so the aggregation runs
 //! as partially sorted, which neither spills nor emits early when memory runs out. Spread over
 //! four workers, each with a smaller fair share of its pool, TPC-H q17 at scale factor 10
-//! fails with 507 with this rule off. Grouped by `l_partkey` alone it also takes the single-primitive-key
-//! path, not the row format of two keys.
+//! fails with 507 with this rule off. Grouped by `l_partkey` alone it also takes the
+//! single-primitive-key path, not the row format of two keys.
 //!
 //! Why the answer cannot change: a constant is the same on every row, so grouping by it as
 //! well as by another key makes the same groups as that key alone; the constant is projected
