@@ -425,9 +425,10 @@ fn top_k_prunes_a_scan(plan: &Arc<dyn ExecutionPlan>) -> bool {
 
 /// Whether `node` computes window functions that DataFusion 53's codec would send without
 /// their `IGNORE NULLS` (it writes `false` for every `WindowUDFExpr`: `lead(x) IGNORE NULLS`
-/// came back as plain `lead(x)`, a wrong answer). The flag is private, so every such function
+/// came back as plain `lead(x)`, a wrong answer), nor whether DataFusion reversed the function
+/// to share a sort (`lead` as a reversed `lag`). Both flags are private, so every such function
 /// stays on the coordinator; aggregate functions over windows keep theirs. Goes when
-/// datafusion-proto writes the flag.
+/// datafusion-proto writes both.
 fn loses_ignore_nulls(node: &dyn ExecutionPlan) -> bool {
     let exprs = if let Some(w) = node.as_any().downcast_ref::<BoundedWindowAggExec>() {
         w.window_expr()

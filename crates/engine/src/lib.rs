@@ -15,6 +15,7 @@ mod fast_path;
 mod fixes;
 mod functions;
 mod group_keys;
+mod hashed_windows;
 mod json;
 pub mod memory;
 pub mod panics;

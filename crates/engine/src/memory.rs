@@ -78,31 +78,26 @@ fn outside(views: &[u128]) -> usize {
 /// gathered (a window's) would otherwise keep whole decoded pages alive for the few strings a
 /// filter let through, or list a sort's buffers once per source batch.
 pub fn compact_views(batch: RecordBatch) -> DFResult<RecordBatch> {
+    let (schema, columns, rows) = batch.into_parts();
+    let columns = columns.into_iter().map(compact_view_column).collect();
+    let rows = arrow::array::RecordBatchOptions::new().with_row_count(Some(rows));
+    Ok(RecordBatch::try_new_with_options(schema, columns, &rows)?)
+}
+
+/// One column of [`compact_views`].
+pub fn compact_view_column(c: ArrayRef) -> ArrayRef {
     fn wasteful(views: &[u128], buffers: &[arrow::buffer::Buffer]) -> bool {
         buffers.iter().map(|b| b.len()).sum::<usize>() > 2 * outside(views)
     }
-    let mut changed = false;
-    let columns = batch
-        .columns()
-        .iter()
-        .map(|c| match c.data_type() {
-            DataType::Utf8View if wasteful(c.as_string_view().views(), c.as_string_view().data_buffers()) => {
-                changed = true;
-                Arc::new(c.as_string_view().gc()) as ArrayRef
-            }
-            DataType::BinaryView
-                if wasteful(c.as_binary_view().views(), c.as_binary_view().data_buffers()) =>
-            {
-                changed = true;
-                Arc::new(c.as_binary_view().gc()) as ArrayRef
-            }
-            _ => c.clone(),
-        })
-        .collect();
-    if !changed {
-        return Ok(batch);
+    match c.data_type() {
+        DataType::Utf8View if wasteful(c.as_string_view().views(), c.as_string_view().data_buffers()) => {
+            Arc::new(c.as_string_view().gc())
+        }
+        DataType::BinaryView if wasteful(c.as_binary_view().views(), c.as_binary_view().data_buffers()) => {
+            Arc::new(c.as_binary_view().gc())
+        }
+        _ => c,
     }
-    Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
 #[cfg(test)]

@@ -112,6 +112,20 @@ snapshot!(
 );
 
 snapshot!(
+    lead_grouped_by_a_count_groups_its_partitions_by_hash,
+    ["whole_partition_windows", "hashed_windows"],
+    "SELECT event, next, count(*) AS n FROM \
+     (SELECT event, lead(event) OVER (PARTITION BY device ORDER BY ts) AS next FROM events) GROUP BY 1, 2"
+);
+
+snapshot!(
+    lead_in_the_order_of_its_sort_keeps_the_sort,
+    ["whole_partition_windows", "hashed_windows"],
+    "SELECT device, ts, lead(event) OVER (PARTITION BY device ORDER BY ts) AS next FROM events \
+     ORDER BY device, ts"
+);
+
+snapshot!(
     a_cross_join_yields_to_the_runtime,
     ["yielding_joins"],
     "SELECT e.device, i.person FROM events e CROSS JOIN identities i"

@@ -75,6 +75,13 @@ pub const RULES: &[Rule] = &[
          PRs); goes when those are in skiff's DataFusion and `paths` is no slower with it off",
     ),
     rule(
+        "hashed_windows",
+        "lead/lag/row_number whose output order nothing uses group partitions by a hash of their keys, not a sort",
+        "no DataFusion rule or issue (Velox, StarRocks and CockroachDB partition windows by hash); \
+         goes when DataFusion's windows group partitions without sorting by their keys and \
+         `paths` is no slower with it off",
+    ),
+    rule(
         "dynamic_row_filters",
         "scans with a join's or top-k's runtime filter filter while decoding",
         "Parquet filter pushdown by default, datafusion#3463 and #23420 (open); goes when dynamic \
@@ -327,6 +334,10 @@ fn physical(off: &Disabled) -> Vec<PhysicalRule> {
     // must find the window nodes already in their final form.
     if off.is_on("whole_partition_windows") {
         rules.push(Arc::new(window::WholePartitionWindows));
+    }
+    // On the windows in their final form, with the plan above them final too.
+    if off.is_on("hashed_windows") {
+        rules.push(Arc::new(super::hashed_windows::HashedWindows));
     }
     rules.push(Arc::new(FilterPushdown::new_post_optimization()));
     // Fixes (no off switch), once the plan's joins and sorts are final.

@@ -14,7 +14,6 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch, UInt32Array, UInt64Array};
 use arrow::compute::{cast, concat_batches, take};
-use arrow::datatypes::SchemaRef;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DataFusionError, ScalarValue};
@@ -174,7 +173,7 @@ impl Shift {
 /// `lead`, `lag` and `row_number` over input sorted by partition keys, many partitions at a
 /// time, streaming. It takes its plan properties and input requirements from the equivalent
 /// `WindowAggExec`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct SortedWindowExec {
     whole: Arc<WindowAggExec>,
     shifts: Vec<Shift>,
@@ -198,8 +197,8 @@ impl SortedWindowExec {
 
 impl DisplayAs for SortedWindowExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        let names: Vec<&str> = self.whole.window_expr().iter().map(|e| e.name()).collect();
-        write!(f, "SortedWindowExec: wdw=[{}]", names.join(", "))
+        write!(f, "SortedWindowExec: ")?;
+        self.fmt_windows(f)
     }
 }
 
@@ -244,12 +243,33 @@ impl ExecutionPlan for SortedWindowExec {
     }
 
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let input = self.whole.input().execute(partition, ctx.clone())?;
+        Ok(self.over_sorted(input, partition, &ctx))
+    }
+}
+
+impl SortedWindowExec {
+    /// `wdw=[…]`, its window functions as `EXPLAIN` shows them.
+    pub(crate) fn fmt_windows(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let names: Vec<&str> = self.whole.window_expr().iter().map(|e| e.name()).collect();
+        write!(f, "wdw=[{}]", names.join(", "))
+    }
+
+    pub(crate) fn partition_by(&self) -> &[Arc<dyn PhysicalExpr>] {
+        &self.partition_by
+    }
+
+    /// The window over `input`, a stream sorted by the partition keys.
+    pub(crate) fn over_sorted(
+        &self,
+        input: SendableRecordBatchStream,
+        partition: usize,
+        ctx: &TaskContext,
+    ) -> SendableRecordBatchStream {
         let batch_size = ctx.session_config().batch_size().max(1);
         let windowing = Windowing {
-            input: self.whole.input().execute(partition, ctx.clone())?,
-            shifts: self.shifts.clone(),
-            keys: self.partition_by.clone(),
-            out: self.schema(),
+            input,
+            window: self.clone(),
             pending: vec![],
             rows: 0,
             wanted: batch_size,
@@ -268,7 +288,21 @@ impl ExecutionPlan for SortedWindowExec {
                 }
             }
         });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema(), batches)))
+        Box::pin(RecordBatchStreamAdapter::new(self.schema(), batches))
+    }
+
+    /// `rows` (sorted so that each of `partitions` is one range of them) with the window
+    /// columns appended.
+    pub(crate) fn append_windows(
+        &self,
+        rows: &RecordBatch,
+        partitions: &[std::ops::Range<usize>],
+    ) -> Result<RecordBatch> {
+        let mut columns = rows.columns().to_vec();
+        for s in &self.shifts {
+            columns.push(s.evaluate(rows, partitions)?);
+        }
+        Ok(RecordBatch::try_new(self.schema(), columns)?)
     }
 }
 
@@ -278,9 +312,7 @@ impl ExecutionPlan for SortedWindowExec {
 /// partition, not the whole input.
 struct Windowing {
     input: SendableRecordBatchStream,
-    shifts: Vec<Shift>,
-    keys: Vec<Arc<dyn PhysicalExpr>>,
-    out: SchemaRef,
+    window: SortedWindowExec,
     pending: Vec<RecordBatch>,
     rows: usize,
     /// Rows to gather before looking for finished partitions. It doubles while one partition
@@ -323,7 +355,8 @@ impl Windowing {
                 continue;
             }
             let keys = self
-                .keys
+                .window
+                .partition_by
                 .iter()
                 .map(|k| k.evaluate(&all)?.into_array(all.num_rows()))
                 .collect::<Result<Vec<_>>>()?;
@@ -340,12 +373,7 @@ impl Windowing {
             if cut == 0 {
                 continue;
             }
-            let head = all.slice(0, cut);
-            let mut columns = head.columns().to_vec();
-            for s in &self.shifts {
-                columns.push(s.evaluate(&head, &ranges)?);
-            }
-            return Ok(Some(RecordBatch::try_new(self.out.clone(), columns)?));
+            return self.window.append_windows(&all.slice(0, cut), &ranges).map(Some);
         }
         Ok(None)
     }
