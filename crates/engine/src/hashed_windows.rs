@@ -39,7 +39,7 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, TryStreamExt};
 
-use super::memory::{batch_bytes, compact_view_column};
+use super::memory::{batch_bytes, compact_view_column, compact_views};
 use super::window::SortedWindowExec;
 
 #[derive(Debug, Default)]
@@ -232,7 +232,9 @@ impl HashedWindowExec {
         let mut gathered = vec![];
         let mut rows = 0;
         while let Some(batch) = input.next().await {
-            let batch = batch?;
+            // Strings that point into whole decoded pages are copied out as they come, so the
+            // pages go (and the rows are counted as what they hold).
+            let batch = compact_views(batch?)?;
             rows += batch.num_rows();
             // Room for the rows, their place in the window's order, and its hashes.
             let fits = reservation.try_grow(batch_bytes(&batch) + 16 * batch.num_rows()).is_ok();
