@@ -39,7 +39,7 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, TryStreamExt};
 
-use super::memory::{batch_bytes, compact_view_column, compact_views};
+use super::memory::{batch_bytes, compact_view_column, compact_views, slices};
 use super::window::SortedWindowExec;
 
 #[derive(Debug, Default)]
@@ -273,12 +273,8 @@ impl HashedWindowExec {
         reservation.try_resize(batch_bytes(&out))?;
         timer.done();
         let batch_size = ctx.session_config().batch_size().max(1);
-        let slices: Vec<_> = (0..out.num_rows())
-            .step_by(batch_size)
-            .map(|at| out.slice(at, batch_size.min(out.num_rows() - at)))
-            .collect();
         // The reservation lasts as long as the slices do.
-        let batches = futures::stream::iter(slices).map(move |b| {
+        let batches = futures::stream::iter(slices(&out, batch_size)).map(move |b| {
             let _held = &reservation;
             metrics.record_output(b.num_rows());
             Ok(b)

@@ -64,6 +64,14 @@ pub fn batch_bytes(batch: &RecordBatch) -> usize {
         .sum()
 }
 
+/// `batch` as slices of at most `size` rows (zero-copy).
+pub fn slices(batch: &RecordBatch, size: usize) -> Vec<RecordBatch> {
+    if batch.num_rows() <= size {
+        return vec![batch.clone()];
+    }
+    (0..batch.num_rows()).step_by(size).map(|at| batch.slice(at, size.min(batch.num_rows() - at))).collect()
+}
+
 /// A view holds strings of up to 12 bytes itself; a longer one points at its bytes elsewhere.
 fn view_size(views: &[u128], nulls: Option<&NullBuffer>) -> usize {
     views.len() * 16 + outside(views) + nulls.map_or(0, |n| n.len().div_ceil(8))

@@ -20,7 +20,7 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, stream};
 
-use crate::memory::{batch_bytes, compact_views};
+use crate::memory::{batch_bytes, compact_views, slices};
 
 /// What a [`Pass`] node does to the batches going through it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,7 +133,10 @@ impl ExecutionPlan for Pass {
             }
             Job::SliceWindowOutput => {
                 let size = ctx.session_config().batch_size().max(1);
-                let sliced = input.flat_map(move |b| stream::iter(slices(b, size)));
+                let sliced = input.flat_map(move |b| match b {
+                    Ok(b) => stream::iter(slices(&b, size).into_iter().map(Ok).collect::<Vec<_>>()),
+                    Err(e) => stream::iter(vec![Err(e)]),
+                });
                 Box::pin(RecordBatchStreamAdapter::new(schema, sliced))
             }
             Job::OwnBuffers => {
@@ -172,16 +175,6 @@ impl futures::Stream for Counted {
                 self.reservation.try_grow(whole).err().map(Err)
             }
         })
-    }
-}
-
-/// `batch` as slices of at most `size` rows (zero-copy).
-fn slices(batch: Result<RecordBatch>, size: usize) -> Vec<Result<RecordBatch>> {
-    match batch {
-        Ok(b) if b.num_rows() > size => {
-            (0..b.num_rows()).step_by(size).map(|at| Ok(b.slice(at, size.min(b.num_rows() - at)))).collect()
-        }
-        other => vec![other],
     }
 }
 
