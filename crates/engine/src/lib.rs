@@ -122,9 +122,8 @@ pub fn session_config() -> SessionConfig {
     opts.optimizer.enable_topk_aggregation = false;
     // A join whose build side is estimated (from manifest statistics) under 1M rows and 32 MiB
     // builds one shared hash table instead of hash-partitioning both sides (DataFusion: 128K
-    // rows, 1 MiB): the probe side, often lineitem-sized, is then not repartitioned. TPC-H SF1
-    // 1.19 -> 1.12x DuckDB (q09 393 -> 258 ms, q05 217 -> 170); SF10 the same in all
-    // (docs/performance.md).
+    // rows, 1 MiB): the probe side, often lineitem-sized, is then not repartitioned
+    // (measured in docs/performance.md).
     opts.optimizer.hash_join_single_partition_threshold = 32 << 20;
     opts.optimizer.hash_join_single_partition_threshold_rows = 1 << 20;
     config
