@@ -10,6 +10,9 @@ For each lake size: makes the lake with ../shared/bench/gen_lake.py unless it is
   query kinds, skiff's own (tests/queries) and the metadata-only aggregates (count(*), min/max
   of a column over the whole versioned table);
 - skiff's peak resident memory over the whole run (VmHWM).
+With --tpch 1,10 it also runs TPC-H at those scale factors: the lake made once with
+../shared/bench/tpch.py (cached as <lake-dir>/tpch-sf<N>), the 22 queries side by side with
+DuckDB, answers compared, and skiff's peak resident memory. `--events ''` skips the event lakes.
 Prints one markdown table per lake and a summary; --json writes everything measured.
 
 With --remote-latency-ms N it measures instead skiff on the same lake in S3: served by s3s-fs
@@ -51,18 +54,23 @@ def events(label):
 
 
 def ensure_lake(base, label):
-    """The cached lake for `label`, made on first use. `.complete` marks a finished one: a
-    lake's metadata holds absolute paths, so it is written in place, never moved."""
-    path = os.path.join(base, f"lake-{label}")
+    """The cached event lake for `label`, made on first use."""
+    return cached_lake(os.path.join(base, f"lake-{label}"),
+                       f"{events(label):,} events; about 7 minutes per 30M",
+                       [os.path.join(SHARED, "bench/gen_lake.py"), "--events", str(events(label))])
+
+
+def cached_lake(path, what, make):
+    """`path`, made by running `make --out path` unless it is already there. `.complete` marks a
+    finished lake: its metadata holds absolute paths, so it is written in place, never moved."""
     if os.path.exists(os.path.join(path, ".complete")):
         return path
     if os.path.exists(os.path.join(path, "catalog.db")):
         sys.exit(f"{path} exists without .complete: it is being written or was cut short; "
                  "wait for it, or delete it to have it made again (touch .complete to use it as is)")
-    os.makedirs(base, exist_ok=True)
-    print(f"== making {path} ({events(label):,} events; about 7 minutes per 30M)", file=sys.stderr)
-    subprocess.run([sys.executable, os.path.join(SHARED, "bench/gen_lake.py"), "--out", path,
-                    "--events", str(events(label))], check=True, stdout=sys.stderr)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    print(f"== making {path} ({what})", file=sys.stderr)
+    subprocess.run([sys.executable, *make, "--out", path], check=True, stdout=sys.stderr)
     open(os.path.join(path, ".complete"), "w").close()
     return path
 
@@ -309,6 +317,59 @@ def remote_lake(args, label):
     return result
 
 
+def tpch_lake(args, sf):
+    """TPC-H at scale factor `sf`: ../shared/bench/tpch.py's 22 queries against skiff and DuckDB
+    over the same Iceberg tables, each answer compared, medians of --tpch-reps."""
+    lake = cached_lake(os.path.join(args.lake_dir, f"tpch-sf{sf}"),
+                       f"TPC-H scale factor {sf}; under a minute at 1, about 15 minutes at 10",
+                       [os.path.join(SHARED, "bench/tpch.py"), "make", "--sf", sf])
+    log = tempfile.NamedTemporaryFile("w", prefix=f"skiff-bench-tpch{sf}-", suffix=".log", delete=False)
+    skiff = Skiff(args.skiff, lake, args.skiff_args, log)
+    try:
+        out = subprocess.run(
+            [sys.executable, os.path.join(SHARED, "bench/tpch.py"), "run", "--lake", lake, "--url", skiff.base,
+             "--token", TOKEN, "--reps", str(args.tpch_reps), "--timeout", "600"],
+            check=True, capture_output=True, text=True).stdout
+        peak = vm_hwm_mib(skiff.proc.pid)
+    finally:
+        skiff.stop()
+    # tpch.py prints `q01 equal duckdb 12.3 ms skiff 45.6 ms <why>` per timed query, then one
+    # line per query that was not equal, then a JSON summary.
+    line = re.compile(r"(q\d+)\s+(\S+)\s+duckdb\s+([\d.]+) ms\s+skiff\s+([\d.]+) ms\s*(.*)")
+    rows = []
+    for m in filter(None, map(line.fullmatch, out.splitlines())):
+        name, status, d_ms, s_ms, why = m.groups()
+        rows.append({"query": name, "duckdb_ms": float(d_ms), "skiff_ms": float(s_ms),
+                     "ratio": float(s_ms) / float(d_ms), "same": status == "equal", "why": why})
+    summary = json.loads(out.strip().splitlines()[-1])
+    failed = [ln.strip() for ln in out.splitlines() if ln.startswith("  q")]
+    result = {"lake": f"tpch-sf{sf}", "scale_factor": sf, "rows": rows, "summary": summary, "failed": failed,
+              "geomean_ratio": geomean([r["ratio"] for r in rows]), "peak_rss_mib": peak, "log": log.name}
+    print(f"\n### TPC-H scale factor {sf}, medians of {args.tpch_reps}\n")
+    print("| query | DuckDB ms | skiff ms | skiff/DuckDB | answers |")
+    print("|---|---:|---:|---:|---|")
+    for r in rows:
+        print(f"| {r['query']} | {r['duckdb_ms']:.1f} | {r['skiff_ms']:.1f} | {r['ratio']:.2f} "
+              f"| {'same' if r['same'] else 'DIFFER ' + r['why'][:80]} |")
+    over = [r["query"] for r in rows if r["ratio"] > 1.5]
+    print()
+    print(f"- geometric mean skiff/DuckDB: **{result['geomean_ratio']:.2f}**; skiff {summary['skiff_total_s']:.2f} s "
+          f"in all, DuckDB {summary['duckdb_total_s']:.2f} s; over 1.5×: {', '.join(over) or 'none'}")
+    print(f"- answers equal: {summary['equal']}/{summary['queries']}"
+          + "".join(f"; {f}" for f in failed))
+    print(f"- skiff peak RSS (VmHWM): {peak:.0f} MiB")
+    sys.stdout.flush()
+    return result
+
+
+def cpu_model():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
 def print_table(r):
     print(f"\n### {r['lake']} ({r['events']:,} events)\n")
     print("| query | DuckDB ms | skiff ms | skiff/DuckDB | answers |")
@@ -344,6 +405,8 @@ def main():
     ap.add_argument("--lake-dir", default=os.environ.get(
         "SKIFF_BENCH_DIR", os.path.expanduser("~/.cache/skiff-bench")))
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--tpch", default="", help="TPC-H scale factors, comma-separated (1,10)")
+    ap.add_argument("--tpch-reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="DuckDB's threads")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--no-build", action="store_true", help="(handled by scripts/bench)")
@@ -355,11 +418,12 @@ def main():
     # A loaded machine must not turn slow answers into timeouts.
     if not any(a.startswith("--query-timeout") for a in args.skiff_args):
         args.skiff_args += ["--query-timeout", "600s"]
-    print(f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {os.cpu_count()} cores; "
+    print(f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu_model()}, {os.cpu_count()} cores; "
           f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB; "
           f"reps {args.reps} (median); skiff {' '.join(args.skiff_args)}")
     run = remote_lake if args.remote_latency_ms is not None else one_lake
     results = [run(args, label.strip()) for label in args.events.split(",") if label.strip()]
+    results += [tpch_lake(args, sf.strip()) for sf in args.tpch.split(",") if sf.strip()]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

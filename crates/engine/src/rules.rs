@@ -95,10 +95,11 @@ pub const RULES: &[Rule] = &[
     ),
     rule(
         "unioned_join_filters",
-        "a partitioned hash join's filter on a scan is one IN list, not a CASE over hashed rows",
-        "DataFusion builds the CASE in hash_join/shared_bounds.rs (no issue filed); goes when a \
-         partitioned join's filter of small build sides is one lookup upstream and TPC-H q17 is \
-         no slower with it off",
+        "a partitioned hash join's filter on a scan is one IN list, not a CASE over hashed rows, \
+         or else a CASE evaluated branch by branch",
+        "DataFusion builds the CASE in hash_join/shared_bounds.rs; apache/datafusion#21931 \
+         (closed) proposed dropping the routing; goes when a partitioned join's filter is one \
+         lookup upstream and TPC-H q12 and q17 are no slower with it off",
     ),
     rule(
         "string_equalities",

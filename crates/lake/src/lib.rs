@@ -11,6 +11,7 @@ pub mod error;
 mod file_stats;
 mod join_filters;
 mod manifest;
+mod masks;
 mod per_file;
 mod reader;
 mod row_filter;

@@ -17,6 +17,7 @@
 //! bounds decide in `algebra`.
 
 mod algebra;
+mod conditions;
 #[cfg(test)]
 mod fixtures;
 mod source;

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
-use arrow::array::{AsArray, RecordBatch, RecordBatchOptions};
+use arrow::array::{RecordBatch, RecordBatchOptions};
 use arrow::compute::BatchCoalescer;
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::common::Statistics;
@@ -28,6 +28,7 @@ use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 
 use super::algebra::{Wrapped, bounds, constant, decided};
+use super::conditions::Conditions;
 
 /// A Parquet scan that also filters and projects, folding both per file (see the module).
 #[derive(Clone)]
@@ -172,7 +173,7 @@ struct FilePlan {
     columns: Vec<usize>,
     read_fields: Vec<Field>,
     /// The conditions the bounds did not decide.
-    filter: Option<Arc<dyn PhysicalExpr>>,
+    filter: Option<Conditions>,
     outputs: Vec<Arc<dyn PhysicalExpr>>,
 }
 
@@ -214,22 +215,15 @@ impl FilePlan {
             })
             .map(|t| t.data)
         };
+        let outputs = outputs.into_iter().map(to_read).collect::<DFResult<_>>()?;
+        let read_fields: Vec<Field> = columns.iter().map(|&c| table.field(c).clone()).collect();
         let filter = match kept.is_empty() {
             true => None,
-            false => Some(to_read(datafusion::physical_expr::conjunction(kept))?),
+            false => {
+                Some(Conditions::new(kept.into_iter().map(to_read).collect::<DFResult<_>>()?, &read_fields)?)
+            }
         };
-        let outputs = outputs.into_iter().map(to_read).collect::<DFResult<_>>()?;
-        let read_fields = columns.iter().map(|&c| table.field(c).clone()).collect();
         Ok(Some(Self { columns, read_fields, filter, outputs }))
-    }
-
-    /// The file's rows of `batch` that pass the filter.
-    fn mask(&self, batch: &RecordBatch) -> DFResult<arrow::array::BooleanArray> {
-        let filter = self.filter.as_ref().expect("a filter");
-        let mask = filter.evaluate(batch)?.into_array(batch.num_rows())?;
-        mask.as_boolean_opt()
-            .cloned()
-            .ok_or_else(|| DataFusionError::Internal("a filter that is not boolean".into()))
     }
 
     fn output(&self, batch: &RecordBatch, schema: &SchemaRef) -> DFResult<RecordBatch> {
@@ -256,7 +250,7 @@ impl Folded {
         match self.coalescer.as_mut() {
             None => self.plan.output(&batch, &self.schema).map(Some),
             Some(coalescer) => {
-                let mask = self.plan.mask(&batch)?;
+                let mask = self.plan.filter.as_ref().expect("a filter").mask(&batch)?;
                 coalescer.push_batch_with_filter(batch, &mask)?;
                 Ok(None)
             }
