@@ -151,6 +151,7 @@ fn unioned(filter: &Arc<dyn PhysicalExpr>) -> Result<Option<Arc<dyn PhysicalExpr
 /// takes the first branch whose value its routing value equals, and a row no branch takes
 /// is false, or NULL when the CASE has no ELSE.
 struct Routed<'a> {
+    case: &'a CaseExpr,
     route: &'a Arc<dyn PhysicalExpr>,
     branches: Vec<(&'a ScalarValue, &'a Arc<dyn PhysicalExpr>)>,
     otherwise_null: bool,
@@ -172,12 +173,16 @@ impl<'a> Routed<'a> {
             .iter()
             .map(|(when, then)| Some((when.as_any().downcast_ref::<Literal>()?.value(), then)))
             .collect::<Option<Vec<_>>>()?;
-        Some(Self { route, branches, otherwise_null })
+        Some(Self { case, route, branches, otherwise_null })
     }
 
     fn evaluate(&self, batch: &RecordBatch) -> Result<ColumnarValue> {
         let rows = batch.num_rows();
         let route = self.route.evaluate(batch)?.into_array(rows)?;
+        // Values of another type than the routing value's: the CASE decides what that means.
+        if self.branches.iter().any(|(v, _)| v.data_type() != *route.data_type()) {
+            return self.case.evaluate(batch);
+        }
         let mut values = BooleanBuffer::new_unset(rows);
         // Rows no branch takes are valid (false) unless the CASE has no ELSE.
         let mut valid = BooleanBuffer::collect_bool(rows, |_| !self.otherwise_null);
