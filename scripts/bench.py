@@ -349,11 +349,7 @@ def tpch_lake(args, sf):
     result = {"lake": f"tpch-sf{sf}", "scale_factor": sf, "rows": rows, "summary": summary, "failed": failed,
               "geomean_ratio": geomean([r["ratio"] for r in rows]), "peak_rss_mib": peak, "log": log.name}
     print(f"\n### TPC-H scale factor {sf}, medians of {args.tpch_reps}\n")
-    print("| query | DuckDB ms | skiff ms | skiff/DuckDB | answers |")
-    print("|---|---:|---:|---:|---|")
-    for r in rows:
-        print(f"| {r['query']} | {r['duckdb_ms']:.1f} | {r['skiff_ms']:.1f} | {r['ratio']:.2f} "
-              f"| {'same' if r['same'] else 'DIFFER ' + r['why'][:80]} |")
+    print_rows(rows)
     over = [r["query"] for r in rows if r["ratio"] > 1.5]
     print()
     print(f"- geometric mean skiff/DuckDB: **{result['geomean_ratio']:.2f}**; skiff {summary['skiff_total_s']:.2f} s "
@@ -373,14 +369,19 @@ def cpu_model():
     return "unknown CPU"
 
 
-def print_table(r):
-    print(f"\n### {r['lake']} ({r['events']:,} events)\n")
+def print_rows(rows):
+    """Each query's times side by side, as a markdown table."""
     print("| query | DuckDB ms | skiff ms | skiff/DuckDB | answers |")
     print("|---|---:|---:|---:|---|")
-    for row in r["rows"]:
-        fmt = lambda v, p=1: "—" if v is None else f"{v:.{p}f}"
+    fmt = lambda v, p=1: "—" if v is None else f"{v:.{p}f}"
+    for row in rows:
         print(f"| {row['query']} | {fmt(row['duckdb_ms'])} | {fmt(row['skiff_ms'])} | {fmt(row['ratio'], 2)} "
               f"| {'same' if row['same'] else 'DIFFER ' + row['why'][:80]} |")
+
+
+def print_table(r):
+    print(f"\n### {r['lake']} ({r['events']:,} events)\n")
+    print_rows(r["rows"])
     w = r["worst"]
     print()
     print(f"- geometric mean skiff/DuckDB (query kinds, not meta_*): **{r['geomean_ratio']:.2f}**; "

@@ -27,6 +27,7 @@ use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_expr::{Distribution, OrderingRequirements, PhysicalExpr};
+use datafusion::physical_expr_common::utils::evaluate_expressions_to_arrays;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
@@ -91,7 +92,7 @@ fn rewrite(plan: Arc<dyn ExecutionPlan>, order_matters: bool) -> Result<Arc<dyn 
 }
 
 /// A `SortedWindowExec` without the sort under it, which it does its own way (module docs).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct HashedWindowExec {
     /// The window as it was, over `sort`.
     window: SortedWindowExec,
@@ -213,7 +214,8 @@ impl ExecutionPlan for HashedWindowExec {
             .with_can_spill(true)
             .register(ctx.memory_pool());
         let metrics = BaselineMetrics::new(&self.metrics, partition);
-        let node = Self::new(self.window.clone(), self.sort.clone());
+        // The stream owns its copy of the node (cheap: the plans and properties are shared).
+        let node = self.clone();
         let windows =
             futures::stream::once(node.run(input, reservation, metrics, partition, ctx)).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema(), windows)))
@@ -262,7 +264,7 @@ impl HashedWindowExec {
             .map(|p| Ok(compact_view_column(concat(&p.iter().map(|a| a.as_ref()).collect::<Vec<_>>())?)))
             .collect::<Result<Vec<_>>>()?;
         let all = RecordBatch::try_new(schema.clone(), columns)?;
-        let keys = evaluate(self.window.partition_by(), &all)?;
+        let keys = evaluate_expressions_to_arrays(self.window.partition_by(), &all)?;
         let mut hashes = vec![0; all.num_rows()];
         create_hashes(&keys, &HASHING, &mut hashes)?;
         let (order, partitions) = group(&keys, &hashes, &self.order(&all)?)?;
@@ -314,10 +316,6 @@ fn distinct(exprs: &[Arc<dyn PhysicalExpr>]) -> Vec<&Arc<dyn PhysicalExpr>> {
         }
     }
     once
-}
-
-fn evaluate(exprs: &[Arc<dyn PhysicalExpr>], rows: &RecordBatch) -> Result<Vec<ArrayRef>> {
-    exprs.iter().map(|e| e.evaluate(rows)?.into_array(rows.num_rows())).collect()
 }
 
 /// The order of rows (as indices) that makes each value of `keys` (whose hashes are
@@ -421,7 +419,7 @@ mod tests {
     fn groups(hash: impl Fn(usize) -> u64) -> Vec<(Option<String>, Vec<i64>)> {
         let rows = rows();
         let key = col("session", &rows.schema()).unwrap();
-        let keys = evaluate(std::slice::from_ref(&key), &rows).unwrap();
+        let keys = evaluate_expressions_to_arrays([&key], &rows).unwrap();
         let hashes: Vec<u64> = (0..rows.num_rows()).map(hash).collect();
         let order = [SortColumn { values: rows.column(1).clone(), options: None }];
         let (order, partitions) = group(&keys, &hashes, &order).unwrap();
@@ -451,7 +449,7 @@ mod tests {
         ];
         let real = rows();
         let key = col("session", &real.schema()).unwrap();
-        let keys = evaluate(&[key], &real).unwrap();
+        let keys = evaluate_expressions_to_arrays([&key], &real).unwrap();
         let mut hashes = vec![0; real.num_rows()];
         create_hashes(&keys, &HASHING, &mut hashes).unwrap();
         assert_eq!(groups(|i| hashes[i]), expected);

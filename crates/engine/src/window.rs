@@ -9,6 +9,7 @@
 //! gather each row's neighbour with one `take` (`SortedWindowExec`). Other window functions
 //! run in `WindowAggExec`.
 
+use datafusion::physical_expr_common::utils::evaluate_expressions_to_arrays;
 use std::any::Any;
 use std::sync::Arc;
 
@@ -354,12 +355,7 @@ impl Windowing {
             if all.num_rows() == 0 {
                 continue;
             }
-            let keys = self
-                .window
-                .partition_by
-                .iter()
-                .map(|k| k.evaluate(&all)?.into_array(all.num_rows()))
-                .collect::<Result<Vec<_>>>()?;
+            let keys = evaluate_expressions_to_arrays(&self.window.partition_by, &all)?;
             let mut ranges = arrow::compute::kernels::partition::partition(&keys)?.ranges();
             // The last partition may go on in the next batch, unless the input has ended.
             let carried = if finished { None } else { ranges.pop() };

@@ -192,7 +192,10 @@ impl<'a> Routed<'a> {
         }
         let mut values = BooleanBuffer::new_unset(rows);
         // Rows no branch takes are valid (false) unless the CASE has no ELSE.
-        let mut valid = BooleanBuffer::collect_bool(rows, |_| !self.otherwise_null);
+        let mut valid = match self.otherwise_null {
+            true => BooleanBuffer::new_unset(rows),
+            false => BooleanBuffer::new_set(rows),
+        };
         let mut untaken = BooleanBuffer::new_set(rows);
         for (value, then) in &self.branches {
             if value.is_null() {

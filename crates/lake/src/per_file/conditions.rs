@@ -55,20 +55,8 @@ impl Conditions {
     /// `conditions` over a batch of `fields`, tested in the order given.
     pub(super) fn new(conditions: Vec<Arc<dyn PhysicalExpr>>, fields: &[Field]) -> DFResult<Self> {
         let conditions = conditions.into_iter().map(|whole| {
-            let mut columns: Vec<usize> = collect_columns(&whole).iter().map(Column::index).collect();
-            columns.sort_unstable();
-            columns.dedup();
-            let narrowed = Arc::clone(&whole)
-                .transform_up(|n| {
-                    Ok(match n.as_any().downcast_ref::<Column>() {
-                        Some(c) => {
-                            let at = columns.binary_search(&c.index()).expect("a column collected");
-                            Transformed::yes(Arc::new(Column::new(c.name(), at)) as Arc<dyn PhysicalExpr>)
-                        }
-                        None => Transformed::no(n),
-                    })
-                })?
-                .data;
+            let columns = columns_read([&whole]);
+            let narrowed = renumbered(Arc::clone(&whole), &columns)?;
             let schema =
                 Arc::new(Schema::new(columns.iter().map(|&c| fields[c].clone()).collect::<Vec<_>>()));
             Ok(Condition { whole, columns, narrowed, schema })
@@ -96,6 +84,28 @@ impl Conditions {
         }
         Ok(BooleanArray::new(left.unwrap_or_else(|| BooleanBuffer::new_set(rows)), None))
     }
+}
+
+/// The columns `exprs` read, ascending, each once.
+pub(super) fn columns_read<'a>(exprs: impl IntoIterator<Item = &'a Arc<dyn PhysicalExpr>>) -> Vec<usize> {
+    let mut columns: Vec<usize> = exprs.into_iter().flat_map(collect_columns).map(|c| c.index()).collect();
+    columns.sort_unstable();
+    columns.dedup();
+    columns
+}
+
+/// `e` over a batch of only `columns` (ascending, each of `e`'s among them), in that order.
+pub(super) fn renumbered(e: Arc<dyn PhysicalExpr>, columns: &[usize]) -> DFResult<Arc<dyn PhysicalExpr>> {
+    e.transform_up(|n| {
+        Ok(match n.as_any().downcast_ref::<Column>() {
+            Some(c) => {
+                let at = columns.binary_search(&c.index()).expect("a column read");
+                Transformed::yes(Arc::new(Column::new(c.name(), at)) as Arc<dyn PhysicalExpr>)
+            }
+            None => Transformed::no(n),
+        })
+    })
+    .map(|t| t.data)
 }
 
 impl Condition {

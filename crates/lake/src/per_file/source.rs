@@ -12,15 +12,12 @@ use arrow::array::{RecordBatch, RecordBatchOptions};
 use arrow::compute::BatchCoalescer;
 use arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::common::Statistics;
-use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::{FileOpenFuture, FileOpener, FileScanConfig, FileSource};
 use datafusion::datasource::table_schema::TableSchema;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::object_store::ObjectStore;
-use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::projection::ProjectionExprs;
-use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_expr::{PhysicalExpr, split_conjunction};
 use datafusion::physical_plan::DisplayFormatType;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
@@ -28,7 +25,7 @@ use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 
 use super::algebra::{Wrapped, bounds, constant, decided};
-use super::conditions::Conditions;
+use super::conditions::{Conditions, columns_read, renumbered};
 
 /// A Parquet scan that also filters and projects, folding both per file (see the module).
 #[derive(Clone)]
@@ -199,22 +196,8 @@ impl FilePlan {
             .iter()
             .map(|e| constant(e, table, wrapped, bounds).unwrap_or_else(|| Arc::clone(e)))
             .collect();
-        let mut columns: Vec<usize> =
-            kept.iter().chain(&outputs).flat_map(collect_columns).map(|c| c.index()).collect();
-        columns.sort_unstable();
-        columns.dedup();
-        let to_read = |e: Arc<dyn PhysicalExpr>| -> DFResult<Arc<dyn PhysicalExpr>> {
-            e.transform_up(|n| {
-                Ok(match n.as_any().downcast_ref::<Column>() {
-                    Some(c) => {
-                        let at = columns.binary_search(&c.index()).expect("a column read");
-                        Transformed::yes(Arc::new(Column::new(c.name(), at)) as Arc<dyn PhysicalExpr>)
-                    }
-                    None => Transformed::no(n),
-                })
-            })
-            .map(|t| t.data)
-        };
+        let columns = columns_read(kept.iter().chain(&outputs));
+        let to_read = |e| renumbered(e, &columns);
         let outputs = outputs.into_iter().map(to_read).collect::<DFResult<_>>()?;
         let read_fields: Vec<Field> = columns.iter().map(|&c| table.field(c).clone()).collect();
         let filter = match kept.is_empty() {
