@@ -343,6 +343,7 @@ fn physical(off: &Disabled) -> Vec<PhysicalRule> {
     rules.push(Arc::new(FilterPushdown::new_post_optimization()));
     // Fixes (no off switch), once the plan's joins and sorts are final.
     rules.push(Arc::new(super::fixes::CompactJoinBuilds));
+    rules.push(Arc::new(super::fixes::CompactExchangeViews));
     rules.push(Arc::new(super::fixes::CountWholeWindows));
     rules.push(Arc::new(super::fixes::SortsForMerges));
     rules.push(Arc::new(SanityCheckPlan::new()));
@@ -427,8 +428,14 @@ mod tests {
             .iter()
             .map(|r| r.name().to_string())
             .filter(|n| {
-                !["nullable_grouping_sets", "compact_join_builds", "count_whole_windows", "sorts_for_merges"]
-                    .contains(&n.as_str())
+                ![
+                    "nullable_grouping_sets",
+                    "compact_join_builds",
+                    "compact_exchange_views",
+                    "count_whole_windows",
+                    "sorts_for_merges",
+                ]
+                .contains(&n.as_str())
             })
             .collect();
         let theirs = datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;

@@ -5,6 +5,7 @@
 
 mod aggregate_filters;
 mod answers;
+mod exchange_views;
 mod grouping_sets;
 mod join_builds;
 mod json_nulls;
@@ -35,6 +36,7 @@ use datafusion::optimizer::AnalyzerRule;
 use datafusion::prelude::SessionContext;
 
 pub use aggregate_filters::FilterNullsAreFalse;
+pub use exchange_views::CompactExchangeViews;
 pub use grouping_sets::{DistinctGroupingSets, NullableGroupingSets};
 pub use join_builds::CompactJoinBuilds;
 pub use json_nulls::null_args_as_strings;

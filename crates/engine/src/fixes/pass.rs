@@ -33,14 +33,22 @@ pub enum Job {
     /// Under a hash join's build side: copies each batch whose buffers are counted at more
     /// than twice what its rows use ([`own_buffers`]).
     OwnBuffers,
+    /// Under a hash exchange: copies the strings of each view column whose buffers hold more
+    /// than twice what its views use ([`compact_views`]).
+    CompactViews,
     /// Over an aggregation with grouping sets: passes its rows on unchanged and claims nothing
     /// about them but their partitioning (no constants, no order), so sorts above it stay.
     ForgetGroupProperties,
 }
 
 impl Job {
-    pub const ALL: [Job; 4] =
-        [Job::CountWindowInput, Job::SliceWindowOutput, Job::OwnBuffers, Job::ForgetGroupProperties];
+    pub const ALL: [Job; 5] = [
+        Job::CountWindowInput,
+        Job::SliceWindowOutput,
+        Job::OwnBuffers,
+        Job::ForgetGroupProperties,
+        Job::CompactViews,
+    ];
 
     /// The job as it travels to a distributed worker.
     pub fn to_byte(self) -> u8 {
@@ -92,6 +100,7 @@ impl ExecutionPlan for Pass {
             Job::CountWindowInput => "CountedWindowInput",
             Job::SliceWindowOutput => "SlicedWindowOutput",
             Job::OwnBuffers => "OwnBuffers",
+            Job::CompactViews => "CompactedViews",
             Job::ForgetGroupProperties => "NullableGroups",
         }
     }
@@ -141,6 +150,9 @@ impl ExecutionPlan for Pass {
             }
             Job::OwnBuffers => {
                 Box::pin(RecordBatchStreamAdapter::new(schema, input.map(|b| b.and_then(own_buffers))))
+            }
+            Job::CompactViews => {
+                Box::pin(RecordBatchStreamAdapter::new(schema, input.map(|b| b.and_then(compact_views))))
             }
             Job::ForgetGroupProperties => input,
         })
