@@ -102,6 +102,14 @@ pub const RULES: &[Rule] = &[
          lookup upstream and TPC-H q12 and q17 are no slower with it off",
     ),
     rule(
+        "key_bitmap_join_filters",
+        "a join filter's hash-table lookup of one integer key is answered from a bitmap of the \
+         build side's key range, once it has looked up as many rows as the range holds",
+        "DataFusion 53's ArrayMap answers only dense build sides from an array; no issue filed; \
+         goes when join filters answer a range-bounded integer key without hashing it and TPC-H \
+         q09 is no slower with it off",
+    ),
+    rule(
         "string_equalities",
         "string = literal compared as 16-byte views",
         "arrow-rs#10689 (merged, literals of up to 4 bytes); goes when arrow compares views with \
@@ -347,20 +355,24 @@ fn physical(off: &Disabled) -> Vec<PhysicalRule> {
     rules.push(Arc::new(super::fixes::CountWholeWindows));
     rules.push(Arc::new(super::fixes::SortsForMerges));
     rules.push(Arc::new(SanityCheckPlan::new()));
-    let last: [(&str, PhysicalRule); 6] = [
+    let join_filters = skiff_lake::UnionedJoinFilters {
+        unions: off.is_on("unioned_join_filters"),
+        key_bitmaps: off.is_on("key_bitmap_join_filters"),
+    };
+    let last: [(bool, PhysicalRule); 6] = [
         // On the final plan: scans that received a dynamic filter filter while decoding.
-        ("dynamic_row_filters", Arc::new(skiff_lake::DynamicRowFilters)),
-        ("selective_first", Arc::new(skiff_lake::SelectiveFirst)),
+        (off.is_on("dynamic_row_filters"), Arc::new(skiff_lake::DynamicRowFilters)),
+        (off.is_on("selective_first"), Arc::new(skiff_lake::SelectiveFirst)),
         // Once joins have pushed their filters into the scans.
-        ("unioned_join_filters", Arc::new(skiff_lake::UnionedJoinFilters)),
+        (join_filters.unions || join_filters.key_bitmaps, Arc::new(join_filters)),
         // It only changes how a string equality is computed, once the plan is final.
-        ("string_equalities", Arc::new(string_eq::StringEqualities)),
+        (off.is_on("string_equalities"), Arc::new(string_eq::StringEqualities)),
         // After the row-filter rules, which leave it the scans they do not take.
-        ("fold_per_file", Arc::new(skiff_lake::FoldPerFile::new(wrapped))),
+        (off.is_on("fold_per_file"), Arc::new(skiff_lake::FoldPerFile::new(wrapped))),
         // After every rule that looks for joins: it wraps them so a cancel takes effect.
-        ("yielding_joins", Arc::new(yielding_joins::YieldingJoins)),
+        (off.is_on("yielding_joins"), Arc::new(yielding_joins::YieldingJoins)),
     ];
-    rules.extend(last.into_iter().filter(|(name, _)| off.is_on(name)).map(|(_, r)| r));
+    rules.extend(last.into_iter().filter(|(on, _)| *on).map(|(_, r)| r));
     rules
 }
 

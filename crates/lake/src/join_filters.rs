@@ -42,12 +42,18 @@ use datafusion::physical_expr::expressions::{
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 
+use crate::key_bitmaps::KeyBitmaps;
 use crate::masks::{deposit, truth};
 use crate::reader::with_parquet_source;
 
 /// Wraps the dynamic filters in Parquet scans' predicates in [`UnionedJoinFilter`].
-#[derive(Debug, Default)]
-pub struct UnionedJoinFilters;
+#[derive(Debug, Clone, Copy)]
+pub struct UnionedJoinFilters {
+    /// A partitioned join's CASE as one IN list, or else evaluated branch by branch.
+    pub unions: bool,
+    /// Lookups of one integer key answered from a bitmap ([`crate::key_bitmaps`]).
+    pub key_bitmaps: bool,
+}
 
 impl PhysicalOptimizerRule for UnionedJoinFilters {
     fn optimize(
@@ -56,12 +62,15 @@ impl PhysicalOptimizerRule for UnionedJoinFilters {
         _config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         plan.transform_up(|node| {
+            let rows = node.partition_statistics(None).ok().and_then(|s| s.num_rows.get_value().copied());
+            let rows = rows.unwrap_or(0) as u64;
             let changed = with_parquet_source(&node, |source| {
                 let wrapped = source
                     .filter()?
                     .transform_down(|e| {
                         if e.as_any().is::<DynamicFilterPhysicalExpr>() {
-                            let unioned: Arc<dyn PhysicalExpr> = Arc::new(UnionedJoinFilter::new(e));
+                            let unioned: Arc<dyn PhysicalExpr> =
+                                Arc::new(UnionedJoinFilter::new(e, *self, rows));
                             return Ok(Transformed::new(unioned, true, TreeNodeRecursion::Jump));
                         }
                         if e.as_any().is::<UnionedJoinFilter>() {
@@ -86,16 +95,21 @@ impl PhysicalOptimizerRule for UnionedJoinFilters {
     }
 }
 
-/// A dynamic filter evaluated as [`unioned`] makes its current form.
+/// A dynamic filter evaluated in the form [`unioned`] and [`KeyBitmaps`] make of its current one.
 pub struct UnionedJoinFilter {
     dynamic: Arc<dyn PhysicalExpr>,
+    ways: UnionedJoinFilters,
     /// The form last made, and the filter's generation it was made from.
     made: Mutex<Option<(u64, Arc<dyn PhysicalExpr>)>>,
+    /// Shared with the filter's copies (one per file read), each renumbered to its file.
+    bitmaps: Arc<KeyBitmaps>,
 }
 
 impl UnionedJoinFilter {
-    fn new(dynamic: Arc<dyn PhysicalExpr>) -> Self {
-        Self { dynamic, made: Mutex::new(None) }
+    /// `dynamic` on a scan that reads `scan_rows` rows.
+    fn new(dynamic: Arc<dyn PhysicalExpr>, ways: UnionedJoinFilters, scan_rows: u64) -> Self {
+        let bitmaps = Arc::new(KeyBitmaps::for_scan(scan_rows));
+        Self { dynamic, ways, made: Mutex::new(None), bitmaps }
     }
 
     fn current(&self) -> Result<Arc<dyn PhysicalExpr>> {
@@ -107,7 +121,14 @@ impl UnionedJoinFilter {
             return Ok(Arc::clone(e));
         }
         let now = self.dynamic.snapshot()?.unwrap_or_else(|| Arc::clone(&self.dynamic));
-        let e = unioned(&now)?.unwrap_or(now);
+        let e = match self.ways.unions {
+            true => unioned(&now)?.unwrap_or(now),
+            false => now,
+        };
+        let e = match self.ways.key_bitmaps {
+            true => self.bitmaps.apply(e)?,
+            false => e,
+        };
         *made = Some((generation, Arc::clone(&e)));
         Ok(e)
     }
@@ -273,7 +294,8 @@ impl PhysicalExpr for UnionedJoinFilter {
 
     fn evaluate(&self, batch: &RecordBatch) -> Result<ColumnarValue> {
         let now = self.current()?;
-        match now.as_any().downcast_ref::<CaseExpr>().and_then(Routed::of) {
+        let routed = self.ways.unions.then(|| now.as_any().downcast_ref::<CaseExpr>()).flatten();
+        match routed.and_then(Routed::of) {
             Some(routed) => routed.evaluate(batch),
             None => now.evaluate(batch),
         }
@@ -290,7 +312,8 @@ impl PhysicalExpr for UnionedJoinFilter {
         let [dynamic]: [Arc<dyn PhysicalExpr>; 1] = children.try_into().map_err(|_| {
             datafusion::error::DataFusionError::Internal("a join filter has one child".into())
         })?;
-        Ok(Arc::new(Self::new(dynamic)))
+        let bitmaps = Arc::clone(&self.bitmaps);
+        Ok(Arc::new(Self { dynamic, ways: self.ways, made: Mutex::new(None), bitmaps }))
     }
 
     fn fmt_sql(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

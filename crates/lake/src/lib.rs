@@ -10,6 +10,7 @@ pub mod data_cache;
 pub mod error;
 mod file_stats;
 mod join_filters;
+mod key_bitmaps;
 mod manifest;
 mod masks;
 mod per_file;
