@@ -110,6 +110,13 @@ pub const RULES: &[Rule] = &[
          q09 is no slower with it off",
     ),
     rule(
+        "adaptive_join_filters",
+        "a join filter that keeps nearly every row stops testing rows (one batch in 16 still tested)",
+        "dynamic filter selectivity tracking, apache/datafusion#19858 (measured), #20363 and \
+         #22234 (proposed); goes when a filter that keeps every row costs nothing upstream and \
+         TPC-H q09 at SF10 is no slower with it off",
+    ),
+    rule(
         "string_equalities",
         "string = literal compared as 16-byte views",
         "arrow-rs#10689 (merged, literals of up to 4 bytes); goes when arrow compares views with \
@@ -359,12 +366,14 @@ fn physical(off: &Disabled) -> Vec<PhysicalRule> {
         unions: off.is_on("unioned_join_filters"),
         key_bitmaps: off.is_on("key_bitmap_join_filters"),
     };
-    let last: [(bool, PhysicalRule); 6] = [
+    let last: [(bool, PhysicalRule); 7] = [
         // On the final plan: scans that received a dynamic filter filter while decoding.
         (off.is_on("dynamic_row_filters"), Arc::new(skiff_lake::DynamicRowFilters)),
         (off.is_on("selective_first"), Arc::new(skiff_lake::SelectiveFirst)),
         // Once joins have pushed their filters into the scans.
         (join_filters.unions || join_filters.key_bitmaps, Arc::new(join_filters)),
+        // Around the join filters in the form the rule before gives them.
+        (off.is_on("adaptive_join_filters"), Arc::new(skiff_lake::AdaptiveJoinFilters)),
         // It only changes how a string equality is computed, once the plan is final.
         (off.is_on("string_equalities"), Arc::new(string_eq::StringEqualities)),
         // After the row-filter rules, which leave it the scans they do not take.

@@ -4,6 +4,7 @@
 //! table is queryable at once); each query loads the tables it names afresh, so it always
 //! reads the current snapshot. A table that fails to load fails only the queries that use it.
 
+mod adaptive_join_filters;
 pub mod cache;
 pub mod catalog;
 pub mod data_cache;
@@ -37,6 +38,7 @@ use iceberg::{Catalog, NamespaceIdent, TableIdent};
 use skiff_metrics as metrics;
 
 use crate::catalog::TablePointers;
+pub use adaptive_join_filters::AdaptiveJoinFilters;
 use cache::Caches;
 use error::LakeError;
 pub use join_filters::UnionedJoinFilters;
