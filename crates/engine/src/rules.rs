@@ -104,7 +104,8 @@ pub const RULES: &[Rule] = &[
     rule(
         "key_bitmap_join_filters",
         "a join filter's hash-table lookup of one integer key is answered from a bitmap of the \
-         build side's key range, once it has looked up as many rows as the range holds",
+         build side's key range (at most a sixteenth of the scan's rows), once it has looked up \
+         as many rows as the range holds",
         "DataFusion 53's ArrayMap answers only dense build sides from an array; no issue filed; \
          goes when join filters answer a range-bounded integer key without hashing it and TPC-H \
          q09 is no slower with it off",

@@ -37,9 +37,10 @@ use datafusion::common::{Result, ScalarValue};
 use datafusion::datasource::physical_plan::FileSource;
 use datafusion::logical_expr::ColumnarValue;
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_expr::expressions::DynamicFilterPhysicalExpr;
+use datafusion::physical_expr::expressions::{DynamicFilterPhysicalExpr, InListExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::joins::HashTableLookupExpr;
 
 use crate::join_filters::UnionedJoinFilter;
 use crate::masks::truth;
@@ -103,13 +104,28 @@ pub struct AdaptiveJoinFilter {
 }
 
 /// What the filter kept in the current window, for its current form.
-#[derive(Default)]
 struct Count {
     generation: AtomicU64,
+    /// Whether the current form tests membership in a join's build side.
+    joins: AtomicBool,
     rows: AtomicU64,
     kept: AtomicU64,
     untested: AtomicBool,
     batches: AtomicU64,
+}
+
+impl Default for Count {
+    fn default() -> Self {
+        Self {
+            // No form counted yet.
+            generation: AtomicU64::new(u64::MAX),
+            joins: AtomicBool::new(false),
+            rows: AtomicU64::new(0),
+            kept: AtomicU64::new(0),
+            untested: AtomicBool::new(false),
+            batches: AtomicU64::new(0),
+        }
+    }
 }
 
 impl AdaptiveJoinFilter {
@@ -125,8 +141,11 @@ impl AdaptiveJoinFilter {
             c.rows.store(0, Relaxed);
             c.kept.store(0, Relaxed);
             c.untested.store(false, Relaxed);
+            c.joins.store(tests_membership(&self.filter), Relaxed);
         }
-        c.untested.load(Relaxed) && !(c.batches.fetch_add(1, Relaxed) + 1).is_multiple_of(RESAMPLE)
+        c.joins.load(Relaxed)
+            && c.untested.load(Relaxed)
+            && !(c.batches.fetch_add(1, Relaxed) + 1).is_multiple_of(RESAMPLE)
     }
 
     fn tally(&self, rows: u64, kept: u64) {
@@ -140,6 +159,20 @@ impl AdaptiveJoinFilter {
             c.batches.store(0, Relaxed);
         }
     }
+}
+
+/// Whether `filter`'s current form looks rows up in a join's build side (an IN list or a hash
+/// table). A top-k's filter, a bound that tightens as rows arrive, is always tested: rows it
+/// keeps early on are decoded in full and sorted, and later files' rows it drops all.
+fn tests_membership(filter: &Arc<dyn PhysicalExpr>) -> bool {
+    let Ok(Some(now)) = filter.snapshot() else { return false };
+    now.exists(|e| {
+        let any = e.as_any();
+        Ok(any.is::<HashTableLookupExpr>()
+            || any.is::<InListExpr>()
+            || crate::key_bitmaps::is_lookup(e.as_ref()))
+    })
+    .unwrap_or(false)
 }
 
 impl PhysicalExpr for AdaptiveJoinFilter {
@@ -189,8 +222,11 @@ impl PhysicalExpr for AdaptiveJoinFilter {
         self.filter.fmt_sql(f)
     }
 
+    /// The filter's current form, never this wrapper: a snapshot is taken children first, so
+    /// the filter under this one may already be a plain expression, and pruning cannot read a
+    /// wrapper (a top-k's files went unpruned).
     fn snapshot(&self) -> Result<Option<Arc<dyn PhysicalExpr>>> {
-        self.filter.snapshot()
+        Ok(Some(self.filter.snapshot()?.unwrap_or_else(|| Arc::clone(&self.filter))))
     }
 
     fn snapshot_generation(&self) -> u64 {
@@ -229,7 +265,8 @@ mod tests {
     use arrow::array::{AsArray, Int64Array};
     use arrow::datatypes::Field;
     use datafusion::logical_expr::Operator;
-    use datafusion::physical_expr::expressions::{BinaryExpr, col, lit};
+    use datafusion::physical_expr::expressions::{BinaryExpr, InListExpr, col, lit};
+    use datafusion::physical_expr_common::physical_expr::snapshot_physical_expr;
 
     use super::*;
 
@@ -247,11 +284,15 @@ mod tests {
         answers.as_boolean().true_count()
     }
 
-    /// `k >= from` under a dynamic filter: the filter the test updates.
+    /// `k >= from AND k IN (from..70000)`, a join's filter, under a dynamic filter the test
+    /// updates.
     fn filter(from: i64) -> (Arc<DynamicFilterPhysicalExpr>, AdaptiveJoinFilter) {
         let k = col("k", &batch(0).schema()).unwrap();
-        let dynamic = Arc::new(DynamicFilterPhysicalExpr::new(vec![Arc::clone(&k)], lit(true)));
-        dynamic.update(Arc::new(BinaryExpr::new(k, Operator::GtEq, lit(from)))).unwrap();
+        let keys = Arc::new(Int64Array::from_iter_values(from..70_000));
+        let list = Arc::new(InListExpr::try_new_from_array(Arc::clone(&k), keys, false).unwrap());
+        let bound = Arc::new(BinaryExpr::new(Arc::clone(&k), Operator::GtEq, lit(from)));
+        let dynamic = Arc::new(DynamicFilterPhysicalExpr::new(vec![k], lit(true)));
+        dynamic.update(Arc::new(BinaryExpr::new(bound, Operator::And, list))).unwrap();
         let adaptive = AdaptiveJoinFilter::new(Arc::clone(&dynamic) as Arc<dyn PhysicalExpr>);
         (dynamic, adaptive)
     }
@@ -274,10 +315,25 @@ mod tests {
             kept(&adaptive, &batch(0));
         }
         assert_eq!(kept(&adaptive, &below), 8192);
+        let (renewed, _) = filter(0);
+        dynamic.update(renewed.current().unwrap()).unwrap();
+        assert_eq!(kept(&adaptive, &below), 0);
+        // A bound without membership (a top-k's) is always tested.
         dynamic
             .update(Arc::new(BinaryExpr::new(col("k", &below.schema()).unwrap(), Operator::GtEq, lit(0i64))))
             .unwrap();
+        for i in 0..8 {
+            assert_eq!(kept(&adaptive, &batch(i * 8192)), 8192);
+        }
         assert_eq!(kept(&adaptive, &below), 0);
+    }
+
+    #[test]
+    fn a_snapshot_is_the_filters_current_form() {
+        let (_, adaptive) = filter(5);
+        let snapshot = snapshot_physical_expr(Arc::new(adaptive)).unwrap();
+        assert!(!snapshot.exists(|e| Ok(e.as_any().is::<AdaptiveJoinFilter>())).unwrap(), "{snapshot}");
+        assert!(snapshot.as_any().is::<BinaryExpr>(), "{snapshot}");
     }
 
     #[test]

@@ -240,6 +240,11 @@ impl KeyBitmap {
     }
 }
 
+/// Whether `e` is a lookup this module answers through a bitmap.
+pub(crate) fn is_lookup(e: &dyn PhysicalExpr) -> bool {
+    e.as_any().is::<BitmapLookup>()
+}
+
 /// A hash-table lookup of one integer key answered from a [`KeyBitmap`] once it is made.
 #[derive(Debug)]
 struct BitmapLookup {
