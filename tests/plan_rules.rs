@@ -200,14 +200,15 @@ fn a_row_filter_tests_its_most_selective_condition_first() {
 
 /// A hash join whose two inputs are hash-partitioned (forced here on a small lake) filters its
 /// probe side's scan by the build side's keys: with `unioned_join_filters` as one IN list,
-/// without it as a CASE over each row's partition. Both keep the rows the join needs.
+/// without it (and without `key_bitmap_join_filters`, which shares its wrapper) as a CASE over
+/// each row's partition. Both keep the rows the join needs.
 #[test]
 fn a_partitioned_joins_filter_keeps_the_rows_it_needs() {
     let dir = &lake().0;
     let sql = "SELECT a.id AS a, b.id AS b FROM glass.tk a JOIN glass.tk b ON a.id = b.id + 100 \
                WHERE a.ev = 'x' ORDER BY a.id";
     let want: Vec<Value> = (0..10).map(|i| json!({"a": 100 + i, "b": i})).collect();
-    for off in ["none", "unioned_join_filters"] {
+    for off in ["none", "unioned_join_filters,key_bitmap_join_filters"] {
         let mut args = lake_args(dir.path());
         for o in [
             "datafusion.optimizer.hash_join_single_partition_threshold=0",

@@ -32,9 +32,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use arrow::datatypes::{DataType, Schema};
 use arrow::record_batch::RecordBatch;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::TreeNode;
 use datafusion::common::{Result, ScalarValue};
-use datafusion::datasource::physical_plan::FileSource;
 use datafusion::logical_expr::ColumnarValue;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{DynamicFilterPhysicalExpr, InListExpr};
@@ -42,9 +41,8 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::joins::HashTableLookupExpr;
 
-use crate::join_filters::UnionedJoinFilter;
+use crate::join_filters::{UnionedJoinFilter, Wrap, wrap_scan_filters};
 use crate::masks::truth;
-use crate::reader::with_parquet_source;
 
 /// Rows counted before deciding whether to test.
 const WINDOW: u64 = 65_536;
@@ -65,27 +63,16 @@ impl PhysicalOptimizerRule for AdaptiveJoinFilters {
         plan: Arc<dyn ExecutionPlan>,
         _config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|node| {
-            let changed = with_parquet_source(&node, |source| {
-                let wrapped = source
-                    .filter()?
-                    .transform_down(|e| {
-                        let any = e.as_any();
-                        if any.is::<AdaptiveJoinFilter>() {
-                            return Ok(Transformed::new(e, false, TreeNodeRecursion::Jump));
-                        }
-                        if any.is::<DynamicFilterPhysicalExpr>() || any.is::<UnionedJoinFilter>() {
-                            let adaptive: Arc<dyn PhysicalExpr> = Arc::new(AdaptiveJoinFilter::new(e));
-                            return Ok(Transformed::new(adaptive, true, TreeNodeRecursion::Jump));
-                        }
-                        Ok(Transformed::no(e))
-                    })
-                    .ok()?;
-                wrapped.transformed.then(|| source.with_predicate(wrapped.data))
-            });
-            Ok(changed.map_or_else(|| Transformed::no(node), Transformed::yes))
+        wrap_scan_filters(plan, |_, e| {
+            let any = e.as_any();
+            if any.is::<AdaptiveJoinFilter>() {
+                return Wrap::Leave;
+            }
+            if any.is::<DynamicFilterPhysicalExpr>() || any.is::<UnionedJoinFilter>() {
+                return Wrap::With(Arc::new(AdaptiveJoinFilter::new(Arc::clone(e))));
+            }
+            Wrap::Look
         })
-        .map(|t| t.data)
     }
 
     fn name(&self) -> &str {

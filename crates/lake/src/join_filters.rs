@@ -61,29 +61,16 @@ impl PhysicalOptimizerRule for UnionedJoinFilters {
         plan: Arc<dyn ExecutionPlan>,
         _config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|node| {
-            let rows = node.partition_statistics(None).ok().and_then(|s| s.num_rows.get_value().copied());
-            let rows = rows.unwrap_or(0) as u64;
-            let changed = with_parquet_source(&node, |source| {
-                let wrapped = source
-                    .filter()?
-                    .transform_down(|e| {
-                        if e.as_any().is::<DynamicFilterPhysicalExpr>() {
-                            let unioned: Arc<dyn PhysicalExpr> =
-                                Arc::new(UnionedJoinFilter::new(e, *self, rows));
-                            return Ok(Transformed::new(unioned, true, TreeNodeRecursion::Jump));
-                        }
-                        if e.as_any().is::<UnionedJoinFilter>() {
-                            return Ok(Transformed::new(e, false, TreeNodeRecursion::Jump));
-                        }
-                        Ok(Transformed::no(e))
-                    })
-                    .ok()?;
-                wrapped.transformed.then(|| source.with_predicate(wrapped.data))
-            });
-            Ok(changed.map_or_else(|| Transformed::no(node), Transformed::yes))
+        wrap_scan_filters(plan, |scan, e| {
+            if e.as_any().is::<UnionedJoinFilter>() {
+                return Wrap::Leave;
+            }
+            if !e.as_any().is::<DynamicFilterPhysicalExpr>() {
+                return Wrap::Look;
+            }
+            let rows = scan.partition_statistics(None).ok().and_then(|s| s.num_rows.get_value().copied());
+            Wrap::With(Arc::new(UnionedJoinFilter::new(Arc::clone(e), *self, rows.unwrap_or(0) as u64)))
         })
-        .map(|t| t.data)
     }
 
     fn name(&self) -> &str {
@@ -93,6 +80,40 @@ impl PhysicalOptimizerRule for UnionedJoinFilters {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// What [`wrap_scan_filters`] does with one part of a scan's predicate.
+pub(crate) enum Wrap {
+    /// Put this in its place.
+    With(Arc<dyn PhysicalExpr>),
+    /// Leave it and what is under it.
+    Leave,
+    /// Look under it.
+    Look,
+}
+
+/// `plan` with the parts of each Parquet scan's predicate that `wrap` wraps replaced.
+pub(crate) fn wrap_scan_filters(
+    plan: Arc<dyn ExecutionPlan>,
+    wrap: impl Fn(&Arc<dyn ExecutionPlan>, &Arc<dyn PhysicalExpr>) -> Wrap,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        let changed = with_parquet_source(&node, |source| {
+            let wrapped = source
+                .filter()?
+                .transform_down(|e| {
+                    Ok(match wrap(&node, &e) {
+                        Wrap::With(w) => Transformed::new(w, true, TreeNodeRecursion::Jump),
+                        Wrap::Leave => Transformed::new(e, false, TreeNodeRecursion::Jump),
+                        Wrap::Look => Transformed::no(e),
+                    })
+                })
+                .ok()?;
+            wrapped.transformed.then(|| source.with_predicate(wrapped.data))
+        });
+        Ok(changed.map_or_else(|| Transformed::no(node), Transformed::yes))
+    })
+    .map(|t| t.data)
 }
 
 /// A dynamic filter evaluated in the form [`unioned`] and [`KeyBitmaps`] make of its current one.
