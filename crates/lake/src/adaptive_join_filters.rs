@@ -180,6 +180,10 @@ impl PhysicalExpr for AdaptiveJoinFilter {
             return Ok(ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))));
         }
         let answers = self.filter.evaluate(batch)?;
+        // A filter that is always tested (a top-k's bound) need not be counted.
+        if !self.count.joins.load(Relaxed) {
+            return Ok(answers);
+        }
         let rows = batch.num_rows();
         let kept = match &answers {
             ColumnarValue::Array(a) => truth(a.as_ref())?.count_set_bits(),

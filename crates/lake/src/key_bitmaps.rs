@@ -109,10 +109,13 @@ impl KeyBitmaps {
         let [key] = lookup.children()[..] else { return None };
         let lo = conjuncts.iter().find_map(|c| bound(c, key, Operator::GtEq))?;
         let hi = conjuncts.iter().find_map(|c| bound(c, key, Operator::LtEq))?;
-        let width = u64::try_from(i128::from(hi) - i128::from(lo) + 1)
-            .ok()
-            .filter(|w| *w <= MAX_RANGE && *w * SCAN_SHARE <= self.scan_rows)?;
-        let key_type = literal_type(conjuncts, key)?;
+        // The bounds' type is the key's (a comparison's sides agree).
+        let key_type = lo.data_type();
+        let (lo, hi) = (integer(lo)?, integer(hi)?);
+        let width = u64::try_from(i128::from(hi) - i128::from(lo) + 1).ok()?;
+        if width > MAX_RANGE || width * SCAN_SHARE > self.scan_rows {
+            return None;
+        }
         // The lookup over one column of candidate values, the same map and hashing.
         let over_candidates =
             Arc::clone(conjunct).with_new_children(vec![Arc::new(Column::new("k", 0))]).ok()?;
@@ -128,7 +131,6 @@ impl KeyBitmaps {
                 let b = Arc::new(KeyBitmap {
                     lo,
                     hi,
-                    width: width as usize,
                     key_type,
                     lookup: over_candidates,
                     looked_up: AtomicUsize::new(0),
@@ -152,30 +154,20 @@ fn flatten(and: &BinaryExpr, out: &mut Vec<Arc<dyn PhysicalExpr>>) {
     }
 }
 
-/// `v` when `e` is `key <op> v` with `v` a non-NULL integer literal.
-fn bound(e: &Arc<dyn PhysicalExpr>, key: &Arc<dyn PhysicalExpr>, op: Operator) -> Option<i64> {
+/// `v` when `e` is `key <op> v` with `v` a literal.
+fn bound<'a>(
+    e: &'a Arc<dyn PhysicalExpr>,
+    key: &Arc<dyn PhysicalExpr>,
+    op: Operator,
+) -> Option<&'a ScalarValue> {
     let b = e.as_any().downcast_ref::<BinaryExpr>().filter(|b| *b.op() == op)?;
     if b.left().as_ref() != key.as_ref() {
         return None;
     }
-    integer(b.right().as_any().downcast_ref::<Literal>()?.value())
+    Some(b.right().as_any().downcast_ref::<Literal>()?.value())
 }
 
-/// The type of the literals bounding `key`, which is the key's (a comparison's sides agree).
-fn literal_type(conjuncts: &[Arc<dyn PhysicalExpr>], key: &Arc<dyn PhysicalExpr>) -> Option<DataType> {
-    conjuncts.iter().find_map(|c| {
-        let b = c.as_any().downcast_ref::<BinaryExpr>().filter(|b| *b.op() == Operator::GtEq)?;
-        (b.left().as_ref() == key.as_ref()).then_some(())?;
-        let t = b.right().as_any().downcast_ref::<Literal>()?.value().data_type();
-        supported(&t).then_some(t)
-    })
-}
-
-fn supported(t: &DataType) -> bool {
-    use DataType::*;
-    matches!(t, Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32)
-}
-
+/// A non-NULL value of an integer type that fits `i64` (the types a bitmap is made for).
 fn integer(v: &ScalarValue) -> Option<i64> {
     match v {
         ScalarValue::Int8(Some(v)) => Some(i64::from(*v)),
@@ -195,7 +187,6 @@ fn integer(v: &ScalarValue) -> Option<i64> {
 pub(crate) struct KeyBitmap {
     lo: i64,
     hi: i64,
-    width: usize,
     key_type: DataType,
     /// The lookup, reading its key from column 0.
     lookup: Arc<dyn PhysicalExpr>,
@@ -206,8 +197,14 @@ pub(crate) struct KeyBitmap {
 
 impl KeyBitmap {
     /// The bitmap, if rows enough have been looked up to pay for it; `rows` more are counted.
+    /// How many values the range holds.
+    fn width(&self) -> usize {
+        (self.hi - self.lo + 1) as usize
+    }
+
     fn ready(&self, rows: usize) -> Result<Option<&(BooleanBuffer, bool)>> {
-        if self.bits.get().is_none() && self.looked_up.fetch_add(rows, Ordering::Relaxed) + rows < self.width
+        if self.bits.get().is_none()
+            && self.looked_up.fetch_add(rows, Ordering::Relaxed) + rows < self.width()
         {
             return Ok(None);
         }
@@ -224,7 +221,7 @@ impl KeyBitmap {
             let rows = batch.num_rows();
             Ok(self.lookup.evaluate(&batch)?.into_array(rows)?.as_boolean().clone())
         };
-        let mut bits = BooleanBufferBuilder::new(self.width);
+        let mut bits = BooleanBufferBuilder::new(self.width());
         let mut from = self.lo;
         while from <= self.hi {
             let to = (from + CHUNK - 1).min(self.hi);
