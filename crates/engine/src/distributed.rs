@@ -337,6 +337,8 @@ impl PhysicalOptimizerRule for Distribute {
             );
             return Ok(plan);
         }
+        // A build side's values reach its probe side's scans in memory, so never across processes.
+        let plan = crate::join_sides::without_join_sides(plan)?;
         let distributed = DistributedPhysicalOptimizerRule.optimize(Arc::clone(&plan), config)?;
         if Arc::ptr_eq(&distributed, &plan) {
             return Ok(plan);

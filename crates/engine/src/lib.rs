@@ -16,6 +16,7 @@ mod fixes;
 mod functions;
 mod group_keys;
 mod hashed_windows;
+mod join_sides;
 mod json;
 pub mod memory;
 pub mod panics;

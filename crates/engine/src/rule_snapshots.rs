@@ -49,7 +49,32 @@ fn tables() -> Vec<(&'static str, RecordBatch)> {
         vec![strings(&|i| format!("d{}", i * 2), 10), strings(&|i| format!("u{i}"), 10)],
     )
     .unwrap();
-    vec![("events", events), ("identities", identities)]
+    // Suppliers and customers of 5 nations, and the lines of their orders, for joins on
+    // integer keys.
+    let ints = |columns: &[(&str, Vec<i64>)]| {
+        let fields: Vec<Field> =
+            columns.iter().map(|(n, _)| Field::new(*n, DataType::Int64, false)).collect();
+        let arrays = columns
+            .iter()
+            .map(|(_, v)| Arc::new(arrow::array::Int64Array::from(v.clone())) as arrow::array::ArrayRef)
+            .collect();
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap()
+    };
+    let nations = ints(&[("nation", (0..5).collect()), ("region", (0..5).map(|i| i % 2).collect())]);
+    let customers = ints(&[("customer", (0..50).collect()), ("nation", (0..50).map(|i| i % 5).collect())]);
+    let suppliers = ints(&[("supplier", (0..20).collect()), ("nation", (0..20).map(|i| i % 5).collect())]);
+    let lines = ints(&[
+        ("customer", (0..400).map(|i| i % 50).collect()),
+        ("supplier", (0..400).map(|i| i % 20).collect()),
+    ]);
+    vec![
+        ("events", events),
+        ("identities", identities),
+        ("nations", nations),
+        ("customers", customers),
+        ("suppliers", suppliers),
+        ("lines", lines),
+    ]
 }
 
 /// The physical plans of `sql` with every rule off and with only the rules `on` on.
@@ -135,4 +160,12 @@ snapshot!(
     a_scalar_subquery_groups_by_its_key_alone,
     ["constant_group_keys"],
     "SELECT device, ts FROM events o WHERE ts > (SELECT min(ts) FROM events i WHERE i.device = o.device)"
+);
+
+snapshot!(
+    a_probe_side_starts_after_its_build_side_and_each_key_filters_its_own_scan,
+    ["probe_after_build", "per_key_join_filters"],
+    "SELECT n.nation, count(*) AS n FROM customers c, lines l, suppliers s, nations n \
+     WHERE l.customer = c.customer AND l.supplier = s.supplier AND c.nation = s.nation \
+     AND s.nation = n.nation AND n.region = 0 GROUP BY n.nation"
 );

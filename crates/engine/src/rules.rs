@@ -82,6 +82,22 @@ pub const RULES: &[Rule] = &[
          `paths` is no slower with it off",
     ),
     rule(
+        "probe_after_build",
+        "an inner hash join's probe side starts once its build side has ended, so the scans \
+         under it open their files with the join's filter final",
+        "no DataFusion issue (HashJoinExec::execute starts its build side, and CoalescePartitionsExec \
+         its inputs, when the plan starts); goes when scans wait for the dynamic filters of joins \
+         above them and TPC-H q07 is no slower with it off",
+    ),
+    rule(
+        "per_key_join_filters",
+        "a join on several keys whose probe-side keys come from different scans filters each \
+         scan by its own key's build-side values",
+        "DataFusion's join filter is one expression over all keys (HashJoinExec::\
+         create_dynamic_filter); no issue filed; goes when each key's part of a join's filter \
+         is pushed on its own upstream and TPC-H q05 is no slower with this rule off",
+    ),
+    rule(
         "dynamic_row_filters",
         "scans with a join's or top-k's runtime filter filter while decoding",
         "Parquet filter pushdown by default, datafusion#3463 and #23420 (open); goes when dynamic \
@@ -355,6 +371,15 @@ fn physical(off: &Disabled) -> Vec<PhysicalRule> {
     // On the windows in their final form, with the plan above them final too.
     if off.is_on("hashed_windows") {
         rules.push(Arc::new(super::hashed_windows::HashedWindows));
+    }
+    // On the joins in their final form, for the filter push-down after it to take each key's
+    // filter to its scan.
+    let sides = super::join_sides::JoinSides {
+        probe_after_build: off.is_on("probe_after_build"),
+        per_key_filters: off.is_on("per_key_join_filters"),
+    };
+    if sides.probe_after_build || sides.per_key_filters {
+        rules.push(Arc::new(sides));
     }
     rules.push(Arc::new(FilterPushdown::new_post_optimization()));
     // Fixes (no off switch), once the plan's joins and sorts are final.

@@ -157,7 +157,8 @@ fn tests_membership(filter: &Arc<dyn PhysicalExpr>) -> bool {
         let any = e.as_any();
         Ok(any.is::<HashTableLookupExpr>()
             || any.is::<InListExpr>()
-            || crate::key_bitmaps::is_lookup(e.as_ref()))
+            || crate::key_bitmaps::is_lookup(e.as_ref())
+            || crate::key_sets::is_key_in(e.as_ref()))
     })
     .unwrap_or(false)
 }
