@@ -56,7 +56,8 @@ use datafusion::physical_plan::filter_pushdown::{
     ChildFilterDescription, ChildPushdownResult, FilterDescription, FilterPushdownPhase,
     FilterPushdownPropagation,
 };
-use datafusion::physical_plan::joins::HashJoinExec;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::joins::{CrossJoinExec, HashJoinExec, NestedLoopJoinExec, SortMergeJoinExec};
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -111,7 +112,9 @@ impl PhysicalOptimizerRule for JoinSides {
                             Arc::new(ProbeSide::new(right, Some(keys))),
                         ]
                     }
-                    _ if self.probe_after_build => vec![left, Arc::new(ProbeSide::new(right, None))],
+                    _ if self.probe_after_build && starts_work_early(&right)? => {
+                    vec![left, Arc::new(ProbeSide::new(right, None))]
+                }
                     _ => return Ok(Transformed::no(node)),
                 };
             Ok(Transformed::yes(node.with_new_children(children)?))
@@ -126,6 +129,20 @@ impl PhysicalOptimizerRule for JoinSides {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// Whether `plan` has a node that starts work when the plan starts rather than when asked for
+/// a batch: a join (its build side) or a merge of partitions (its inputs). Scans, filters and
+/// exchanges wait to be asked, so a probe side of only those needs no [`ProbeSide`] to wait.
+fn starts_work_early(plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
+    plan.exists(|n| {
+        let any = n.as_any();
+        Ok(any.is::<HashJoinExec>()
+            || any.is::<CoalescePartitionsExec>()
+            || any.is::<CrossJoinExec>()
+            || any.is::<NestedLoopJoinExec>()
+            || any.is::<SortMergeJoinExec>())
+    })
 }
 
 /// The keys of inner join `join` to filter its probe side by, one by one: its integer keys, if
