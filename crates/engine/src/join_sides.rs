@@ -1,7 +1,7 @@
 //! The two sides of a hash join, arranged so that the join's filters reach the scans they
 //! can filter in time.
 //!
-//! **A probe side starts once its build side has ended** ([`ProbeSide`]). An inner hash join's
+//! **A probe side starts once its build side has ended** ([`JoinSide`] over it). An inner hash join's
 //! dynamic filter holds its build side's keys once that side has ended, and a scan takes it
 //! when it opens a file. The join asks its probe side for rows only after that, but the probe
 //! side's own joins start their build sides (and exchanges their inputs) when the plan starts:
@@ -10,7 +10,7 @@
 //! asked for a batch, they open their files with the filters final.
 //!
 //! **A join on several keys from different scans filters each by its own key**
-//! ([`JoinKeyValues`] and the keys of a [`ProbeSide`]). DataFusion gives an inner hash join
+//! ([`JoinSide`]s over both sides). DataFusion gives an inner hash join
 //! one dynamic filter over all its keys, and a filter is pushed down only to a node that has
 //! every column it reads. When the probe-side keys come from different scans (TPC-H q05 joins
 //! suppliers on `l_suppkey = s_suppkey AND c_nationkey = s_nationkey`, from lineitem and
@@ -51,12 +51,12 @@ use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::expressions::{BinaryExpr, Column, DynamicFilterPhysicalExpr, lit};
 use datafusion::physical_expr::{PhysicalExpr, PhysicalExprRef};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::filter_pushdown::{
     ChildFilterDescription, ChildPushdownResult, FilterDescription, FilterPushdownPhase,
     FilterPushdownPropagation,
 };
-use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::{CrossJoinExec, HashJoinExec, NestedLoopJoinExec, SortMergeJoinExec};
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
@@ -73,9 +73,8 @@ use skiff_lake::{KeyIn, KeySet};
 pub const MAX_VALUES: usize = 1 << 16;
 
 /// Wraps the sides of inner hash joins (the joins DataFusion gives a dynamic filter) before
-/// DataFusion's last filter push-down takes their filters to the scans: [`ProbeSide`] over
-/// the probe side, and [`JoinKeyValues`] over the build side of a join whose keys get filters
-/// of their own.
+/// DataFusion's last filter push-down takes their filters to the scans: a [`JoinSide`] over
+/// the probe side, and one over the build side of a join whose keys get filters of their own.
 #[derive(Debug, Clone, Copy)]
 pub struct JoinSides {
     /// Every such join's probe side starts once its build side has ended.
@@ -98,7 +97,7 @@ impl PhysicalOptimizerRule for JoinSides {
             let Some(join) = node.as_any().downcast_ref::<HashJoinExec>() else {
                 return Ok(Transformed::no(node));
             };
-            if *join.join_type() != JoinType::Inner || join.right().as_any().is::<ProbeSide>() {
+            if *join.join_type() != JoinType::Inner || JoinSide::is_probe(join.right().as_ref()) {
                 return Ok(Transformed::no(node));
             }
             let (left, right) = (Arc::clone(join.left()), Arc::clone(join.right()));
@@ -108,13 +107,13 @@ impl PhysicalOptimizerRule for JoinSides {
                         let keys = Arc::new(keys);
                         let partitions = left.output_partitioning().partition_count();
                         vec![
-                            Arc::new(JoinKeyValues::new(left, Arc::clone(&keys), partitions)),
-                            Arc::new(ProbeSide::new(right, Some(keys))),
+                            JoinSide::over(left, Side::Build { keys: Arc::clone(&keys), partitions }),
+                            JoinSide::over(right, Side::Probe { keys: Some(keys) }),
                         ]
                     }
                     _ if self.probe_after_build && starts_work_early(&right)? => {
-                    vec![left, Arc::new(ProbeSide::new(right, None))]
-                }
+                        vec![left, JoinSide::over(right, Side::Probe { keys: None })]
+                    }
                     _ => return Ok(Transformed::no(node)),
                 };
             Ok(Transformed::yes(node.with_new_children(children)?))
@@ -133,7 +132,7 @@ impl PhysicalOptimizerRule for JoinSides {
 
 /// Whether `plan` has a node that starts work when the plan starts rather than when asked for
 /// a batch: a join (its build side) or a merge of partitions (its inputs). Scans, filters and
-/// exchanges wait to be asked, so a probe side of only those needs no [`ProbeSide`] to wait.
+/// exchanges wait to be asked, so a probe side of only those needs no [`JoinSide`] to wait.
 fn starts_work_early(plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
     plan.exists(|n| {
         let any = n.as_any();
@@ -146,8 +145,8 @@ fn starts_work_early(plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
 }
 
 /// The keys of inner join `join` to filter its probe side by, one by one: its integer keys, if
-/// its NULL keys match nothing and whose probe-side keys are columns that come
-/// from more than one scan. `None` otherwise.
+/// its NULL keys match nothing and its probe-side keys are columns that come from more than
+/// one scan. `None` otherwise.
 fn filterable_keys(join: &HashJoinExec) -> Result<Option<Keys>> {
     if join.null_equality() != NullEquality::NullEqualsNothing || join.on().len() < 2 {
         return Ok(None);
@@ -325,34 +324,53 @@ impl Keys {
 
     fn display(&self, f: &mut fmt::Formatter, side: impl Fn(&Key) -> &PhysicalExprRef) -> fmt::Result {
         let keys: Vec<String> = self.keys.iter().map(|k| side(k).to_string()).collect();
-        write!(f, "keys=[{}]", keys.join(", "))
+        write!(f, ": keys=[{}]", keys.join(", "))
     }
 }
 
-/// Over a join's build side: passes its batches on, collecting its keys' values.
+/// One side of a hash join: its input's batches passed on, doing the side's part.
 #[derive(Debug)]
-pub struct JoinKeyValues {
+pub struct JoinSide {
     input: Arc<dyn ExecutionPlan>,
-    keys: Arc<Keys>,
-    partitions: usize,
+    side: Side,
 }
 
-impl JoinKeyValues {
-    fn new(input: Arc<dyn ExecutionPlan>, keys: Arc<Keys>, partitions: usize) -> Self {
-        Self { input, keys, partitions }
+#[derive(Debug, Clone)]
+enum Side {
+    /// Collects the keys' values from each of the build side's `partitions`.
+    Build { keys: Arc<Keys>, partitions: usize },
+    /// Starts its input only when first asked for a batch, and offers DataFusion's filter
+    /// push-down a filter per key if it has keys.
+    Probe { keys: Option<Arc<Keys>> },
+}
+
+impl JoinSide {
+    fn over(input: Arc<dyn ExecutionPlan>, side: Side) -> Arc<dyn ExecutionPlan> {
+        Arc::new(Self { input, side })
+    }
+
+    fn is_probe(plan: &dyn ExecutionPlan) -> bool {
+        plan.as_any().downcast_ref::<Self>().is_some_and(|s| matches!(s.side, Side::Probe { .. }))
     }
 }
 
-impl DisplayAs for JoinKeyValues {
+impl DisplayAs for JoinSide {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "JoinKeyValues: ")?;
-        self.keys.display(f, |k| &k.build)
+        write!(f, "{}", self.name())?;
+        match &self.side {
+            Side::Build { keys, .. } => keys.display(f, |k| &k.build),
+            Side::Probe { keys: Some(keys) } => keys.display(f, |k| &k.probe),
+            Side::Probe { keys: None } => Ok(()),
+        }
     }
 }
 
-impl ExecutionPlan for JoinKeyValues {
+impl ExecutionPlan for JoinSide {
     fn name(&self) -> &str {
-        "JoinKeyValues"
+        match self.side {
+            Side::Build { .. } => "JoinKeyValues",
+            Side::Probe { .. } => "ProbeSide",
+        }
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -376,27 +394,47 @@ impl ExecutionPlan for JoinKeyValues {
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let [input] = <[_; 1]>::try_from(children)
-            .map_err(|_| DataFusionError::Internal("JoinKeyValues has one child".into()))?;
-        Ok(Arc::new(Self::new(input, Arc::clone(&self.keys), self.partitions)))
+            .map_err(|_| DataFusionError::Internal(format!("{} has one child", self.name())))?;
+        Ok(Self::over(input, self.side.clone()))
     }
 
+    /// A probe side's input starts when first asked for a batch, which the join does once its
+    /// build side has ended. Joins and exchanges start their own inputs as they start, so a
+    /// scan under a probe side started with it could open its files before the join's filter
+    /// is final.
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let input = self.input.execute(partition, ctx)?;
-        let schema = input.schema();
-        let values = Some(vec![Values::new(); self.keys.keys.len()]);
-        let collecting =
-            Collecting { input, keys: Arc::clone(&self.keys), partitions: self.partitions, values };
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, collecting)))
+        match &self.side {
+            Side::Build { keys, partitions } => {
+                let input = self.input.execute(partition, ctx)?;
+                let schema = input.schema();
+                let values = Some(vec![Values::new(); keys.keys.len()]);
+                let collecting =
+                    Collecting { input, keys: Arc::clone(keys), partitions: *partitions, values };
+                Ok(Box::pin(RecordBatchStreamAdapter::new(schema, collecting)))
+            }
+            Side::Probe { .. } => {
+                let input = Arc::clone(&self.input);
+                let started =
+                    futures::stream::once(async move { input.execute(partition, ctx) }).try_flatten();
+                Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema(), started)))
+            }
+        }
     }
 
-    // Filters from above (a join's, whose build side this is part of) pass through.
+    /// Filters from above pass through; a probe side with keys adds one filter per key.
     fn gather_filters_for_pushdown(
         &self,
-        _phase: FilterPushdownPhase,
+        phase: FilterPushdownPhase,
         parent_filters: Vec<Arc<dyn PhysicalExpr>>,
         _config: &ConfigOptions,
     ) -> Result<FilterDescription> {
-        FilterDescription::from_children(parent_filters, &self.children())
+        let mut child = ChildFilterDescription::from_child(&parent_filters, &self.input)?;
+        if let (FilterPushdownPhase::Post, Side::Probe { keys: Some(keys) }) = (phase, &self.side) {
+            child = child.with_self_filters(
+                keys.keys.iter().map(|k| Arc::clone(&k.filter) as Arc<dyn PhysicalExpr>).collect(),
+            );
+        }
+        Ok(FilterDescription::new().with_child(child))
     }
 
     fn handle_child_pushdown_result(
@@ -448,104 +486,12 @@ impl futures::Stream for Collecting {
     }
 }
 
-/// Over a join's probe side: passes its batches on, starting its input only when first asked
-/// for a batch, and offers DataFusion's filter push-down a filter per key if it has keys.
-#[derive(Debug)]
-pub struct ProbeSide {
-    input: Arc<dyn ExecutionPlan>,
-    keys: Option<Arc<Keys>>,
-}
-
-impl ProbeSide {
-    fn new(input: Arc<dyn ExecutionPlan>, keys: Option<Arc<Keys>>) -> Self {
-        Self { input, keys }
-    }
-}
-
-impl DisplayAs for ProbeSide {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "ProbeSide")?;
-        match &self.keys {
-            Some(keys) => {
-                write!(f, ": ")?;
-                keys.display(f, |k| &k.probe)
-            }
-            None => Ok(()),
-        }
-    }
-}
-
-impl ExecutionPlan for ProbeSide {
-    fn name(&self) -> &str {
-        "ProbeSide"
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let [input] = <[_; 1]>::try_from(children)
-            .map_err(|_| DataFusionError::Internal("ProbeSide has one child".into()))?;
-        Ok(Arc::new(Self::new(input, self.keys.clone())))
-    }
-
-    /// The input starts when first asked for a batch, which the join does once its build side
-    /// has ended. Joins and exchanges start their own inputs as they start, so a scan under
-    /// a probe side started with it could open its files before the join's filter is final.
-    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let input = Arc::clone(&self.input);
-        let started = futures::stream::once(async move { input.execute(partition, ctx) }).try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema(), started)))
-    }
-
-    fn gather_filters_for_pushdown(
-        &self,
-        phase: FilterPushdownPhase,
-        parent_filters: Vec<Arc<dyn PhysicalExpr>>,
-        _config: &ConfigOptions,
-    ) -> Result<FilterDescription> {
-        let mut child = ChildFilterDescription::from_child(&parent_filters, &self.input)?;
-        if let (FilterPushdownPhase::Post, Some(keys)) = (phase, &self.keys) {
-            child = child.with_self_filters(
-                keys.keys.iter().map(|k| Arc::clone(&k.filter) as Arc<dyn PhysicalExpr>).collect(),
-            );
-        }
-        Ok(FilterDescription::new().with_child(child))
-    }
-
-    fn handle_child_pushdown_result(
-        &self,
-        _phase: FilterPushdownPhase,
-        child_pushdown_result: ChildPushdownResult,
-        _config: &ConfigOptions,
-    ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
-        Ok(FilterPushdownPropagation::if_all(child_pushdown_result))
-    }
-}
-
 /// `plan` without the nodes of this rule (for a plan that travels to workers, where the build
 /// side that fills a filter may run in another process than the scan it filters). The scans
 /// keep the filters, which stay `true` there.
 pub fn without_join_sides(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
     plan.transform_up(|node| {
-        let any = node.as_any();
-        if any.is::<JoinKeyValues>() || any.is::<ProbeSide>() {
+        if node.as_any().is::<JoinSide>() {
             return Ok(Transformed::yes(Arc::clone(node.children()[0])));
         }
         Ok(Transformed::no(node))
