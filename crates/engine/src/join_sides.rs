@@ -33,7 +33,7 @@
 //! `rules.rs` says when each goes.
 
 use std::any::Any;
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::fmt;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -235,10 +235,10 @@ struct Keys {
     seen: Mutex<Seen>,
 }
 
-/// Per key, what the build side's partitions that have ended held.
+/// Which of the build side's partitions have ended, and per key what they held.
 #[derive(Debug, Default)]
 struct Seen {
-    ended: usize,
+    ended: BTreeSet<usize>,
     values: Vec<Values>,
 }
 
@@ -299,9 +299,10 @@ impl Values {
 }
 
 impl Keys {
-    /// Adds the values one build-side partition held; once every partition has ended, the
-    /// filters take their final form.
-    fn ended(&self, values: Vec<Values>, partitions: usize) -> Result<()> {
+    /// Adds the values build-side partition `partition` of `partitions` held; once every
+    /// partition has ended (each counted once, however often it ran), the filters take their
+    /// final form.
+    fn ended(&self, partition: usize, values: Vec<Values>, partitions: usize) -> Result<()> {
         let mut seen =
             self.seen.lock().map_err(|_| DataFusionError::Internal("key values poisoned".into()))?;
         if seen.values.is_empty() {
@@ -311,8 +312,7 @@ impl Keys {
                 all.merge(v);
             }
         }
-        seen.ended += 1;
-        if seen.ended != partitions {
+        if !seen.ended.insert(partition) || seen.ended.len() != partitions {
             return Ok(());
         }
         for (key, values) in self.keys.iter().zip(&seen.values) {
@@ -326,6 +326,16 @@ impl Keys {
         let keys: Vec<String> = self.keys.iter().map(|k| side(k).to_string()).collect();
         write!(f, ": keys=[{}]", keys.join(", "))
     }
+}
+
+/// Adds the values of `keys` in one build-side batch.
+fn collect(keys: &[Key], batch: &RecordBatch, values: &mut [Values]) -> Result<()> {
+    for (key, values) in keys.iter().zip(values) {
+        let column = key.build.evaluate(batch)?.into_array(batch.num_rows())?;
+        let column = cast(&column, &DataType::Int64)?;
+        column.as_primitive::<Int64Type>().iter().flatten().for_each(|v| values.add(v));
+    }
+    Ok(())
 }
 
 /// One side of a hash join: its input's batches passed on, doing the side's part.
@@ -409,7 +419,7 @@ impl ExecutionPlan for JoinSide {
                 let schema = input.schema();
                 let values = Some(vec![Values::new(); keys.keys.len()]);
                 let collecting =
-                    Collecting { input, keys: Arc::clone(keys), partitions: *partitions, values };
+                    Collecting { input, keys: Arc::clone(keys), partition, partitions: *partitions, values };
                 Ok(Box::pin(RecordBatchStreamAdapter::new(schema, collecting)))
             }
             Side::Probe { .. } => {
@@ -452,6 +462,7 @@ impl ExecutionPlan for JoinSide {
 struct Collecting {
     input: SendableRecordBatchStream,
     keys: Arc<Keys>,
+    partition: usize,
     partitions: usize,
     values: Option<Vec<Values>>,
 }
@@ -463,12 +474,12 @@ impl futures::Stream for Collecting {
         let this = &mut *self;
         match ready!(this.input.poll_next_unpin(cx)) {
             Some(Ok(batch)) => {
-                if let Some(values) = &mut this.values {
-                    for (key, values) in this.keys.keys.iter().zip(values.iter_mut()) {
-                        let column = key.build.evaluate(&batch)?.into_array(batch.num_rows())?;
-                        let column = cast(&column, &DataType::Int64)?;
-                        column.as_primitive::<Int64Type>().iter().flatten().for_each(|v| values.add(v));
-                    }
+                if let Some(values) = &mut this.values
+                    && let Err(e) = collect(&this.keys.keys, &batch, values)
+                {
+                    // Values missing one batch's would make a filter drop rows the join needs.
+                    this.values = None;
+                    return Poll::Ready(Some(Err(e)));
                 }
                 Poll::Ready(Some(Ok(batch)))
             }
@@ -478,7 +489,7 @@ impl futures::Stream for Collecting {
             }
             None => {
                 if let Some(values) = this.values.take() {
-                    this.keys.ended(values, this.partitions)?;
+                    this.keys.ended(this.partition, values, this.partitions)?;
                 }
                 Poll::Ready(None)
             }
@@ -637,6 +648,27 @@ mod tests {
             "customers read with the rule and without {}",
             runs[1].2
         );
+    }
+
+    /// The filter takes its final form only once every build-side partition has ended: a
+    /// partition that ends twice is not counted for one that never did.
+    #[test]
+    fn a_filter_waits_for_every_partition() {
+        let probe: PhysicalExprRef = Arc::new(Column::new("k", 0));
+        let filter = Arc::new(DynamicFilterPhysicalExpr::new(vec![Arc::clone(&probe)], lit(true)));
+        let key =
+            Key { build: Arc::clone(&probe), probe, data_type: DataType::Int64, filter: Arc::clone(&filter) };
+        let keys = Keys { keys: vec![key], seen: Mutex::default() };
+        let values = |v: i64| {
+            let mut values = Values::new();
+            values.add(v);
+            vec![values]
+        };
+        keys.ended(0, values(1), 2).unwrap();
+        keys.ended(0, values(1), 2).unwrap();
+        assert_eq!(filter.current().unwrap().to_string(), "true");
+        keys.ended(1, values(5), 2).unwrap();
+        assert_eq!(filter.current().unwrap().to_string(), "k@0 >= 1 AND k@0 <= 5 AND k@0 IN (2 values)");
     }
 
     /// The filters a build side leaves: its values and bounds while they are few, bounds alone
