@@ -621,7 +621,9 @@ mod tests {
     }
 
     /// A join's filter reaches a scan on the build side of a join under its probe side (as in
-    /// TPC-H q07): customers are read for the 2 nations of 10 that the nation join keeps.
+    /// TPC-H q07): customers are read for the 2 nations of 10 that the nation join keeps, every
+    /// time. Without the rule that scan races the nation join's build side, and reads anywhere
+    /// from those 60 rows to all 300 (300 when run alone; 180 under a loaded machine).
     #[tokio::test]
     async fn a_probe_side_starts_once_the_filter_is_final() {
         const Q: &str = "SELECT c.nk, count(*) AS n FROM c, o, n WHERE c.ck = o.ck AND n.nk = c.nk AND n.rk = 0 \
@@ -642,12 +644,8 @@ mod tests {
             ));
         }
         assert_eq!(runs[0].0, runs[1].0);
-        assert_eq!(
-            (runs[0].1, runs[1].1),
-            (60, 300),
-            "customers read with the rule and without {}",
-            runs[1].2
-        );
+        assert_eq!(runs[0].1, 60, "customers read with the rule");
+        assert!(runs[1].1 >= 60, "customers read without the rule: {} {}", runs[1].1, runs[1].2);
     }
 
     /// The filter takes its final form only once every build-side partition has ended: a
