@@ -168,17 +168,12 @@ fn filterable_keys(join: &HashJoinExec) -> Result<Option<Keys>> {
     let mut keys = Vec::new();
     for (build, probe) in join.on() {
         let data_type = probe.data_type(&probe_schema)?;
-        if integer(&data_type) && build.data_type(&build_schema)? == data_type {
+        if KeySet::holds(&data_type) && build.data_type(&build_schema)? == data_type {
             let filter = Arc::new(DynamicFilterPhysicalExpr::new(vec![Arc::clone(probe)], lit(true)));
             keys.push(Key { build: Arc::clone(build), probe: Arc::clone(probe), data_type, filter });
         }
     }
     Ok((!keys.is_empty()).then(|| Keys { keys, seen: Mutex::default() }))
-}
-
-fn integer(t: &DataType) -> bool {
-    use DataType::*;
-    matches!(t, Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32)
 }
 
 /// The leaf of `plan` that column `index` of its output comes from, by address; `None` when it
@@ -254,8 +249,12 @@ impl Values {
         Self { distinct: Some(HashSet::new()), range: None }
     }
 
+    fn widen(&mut self, (lo, hi): (i64, i64)) {
+        self.range = Some(self.range.map_or((lo, hi), |(l, h)| (l.min(lo), h.max(hi))));
+    }
+
     fn add(&mut self, v: i64) {
-        self.range = Some(self.range.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))));
+        self.widen((v, v));
         if let Some(d) = &mut self.distinct {
             d.insert(v);
             if d.len() > MAX_VALUES {
@@ -265,9 +264,8 @@ impl Values {
     }
 
     fn merge(&mut self, other: Values) {
-        if let Some((lo, hi)) = other.range {
-            self.add(lo);
-            self.add(hi);
+        if let Some(range) = other.range {
+            self.widen(range);
         }
         match (&mut self.distinct, other.distinct) {
             (Some(d), Some(o)) => {

@@ -196,12 +196,12 @@ pub(crate) struct KeyBitmap {
 }
 
 impl KeyBitmap {
-    /// The bitmap, if rows enough have been looked up to pay for it; `rows` more are counted.
     /// How many values the range holds.
     fn width(&self) -> usize {
         (self.hi - self.lo + 1) as usize
     }
 
+    /// The bitmap, if rows enough have been looked up to pay for it; `rows` more are counted.
     fn ready(&self, rows: usize) -> Result<Option<&(BooleanBuffer, bool)>> {
         if self.bits.get().is_none()
             && self.looked_up.fetch_add(rows, Ordering::Relaxed) + rows < self.width()

@@ -57,6 +57,12 @@ impl KeySet {
         Self { len, values }
     }
 
+    /// Whether keys of type `t` can be tested against a set: integers that fit `i64`.
+    pub fn holds(t: &DataType) -> bool {
+        use DataType::*;
+        matches!(t, Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32)
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -129,7 +135,7 @@ impl PhysicalExpr for KeyIn {
 
     fn evaluate(&self, batch: &RecordBatch) -> Result<ColumnarValue> {
         let keys = self.key.evaluate(batch)?.into_array(batch.num_rows())?;
-        if !keys.data_type().is_integer() {
+        if !KeySet::holds(keys.data_type()) {
             return Err(DataFusionError::Internal(format!(
                 "a key set of integers tested with {}",
                 keys.data_type()
