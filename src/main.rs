@@ -157,6 +157,7 @@ async fn serve(cfg: ServeConfig) -> StartResult<()> {
             disabled: cfg.disabled_rules().map_err(StartError::Msg)?,
             workers: cfg.workers.clone(),
             worker_token: cfg.worker_tokens().map_err(StartError::Msg)?.into_iter().next(),
+            when_idle: malloc::when_idle(),
         },
     )?;
     let flight_addr = flight_listener.as_ref().map(|l| l.local_addr()).transpose()?;

@@ -11,11 +11,10 @@ use arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::physical_plan::{RecordBatchStream, SendableRecordBatchStream};
 use futures::Stream;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::CANCELLED_AT_SHUTDOWN;
+use crate::admission::{CANCELLED_AT_SHUTDOWN, Permit};
 use crate::error::QueryError;
 
 /// A result stream that holds its query's permit while the query runs. A watchdog ends the
@@ -51,7 +50,7 @@ impl futures::task::ArcWake for Woken {
 
 struct Running {
     inner: Option<SendableRecordBatchStream>,
-    permit: Option<OwnedSemaphorePermit>,
+    permit: Option<Permit>,
     /// Why the watchdog ended the query, until the consumer is told.
     ended: Option<QueryError>,
     /// Since when a batch handed out waits for the consumer to come back for the next.
@@ -73,7 +72,7 @@ impl Bounded {
         deadline: Instant,
         stall: Duration,
         shutdown: CancellationToken,
-        permit: OwnedSemaphorePermit,
+        permit: Permit,
         stats: Arc<skiff_lake::stats::QueryStats>,
     ) -> Self {
         let schema = inner.schema();
@@ -172,7 +171,6 @@ mod tests {
     use arrow::datatypes::{DataType, Field, Schema};
     use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
     use futures::StreamExt;
-    use tokio::sync::Semaphore;
 
     use super::*;
 
@@ -183,8 +181,9 @@ mod tests {
         let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
         let (tx, rx) = tokio::sync::mpsc::channel::<DFResult<RecordBatch>>(1);
         let inner = RecordBatchStreamAdapter::new(schema.clone(), from_channel(rx));
-        let slots = Arc::new(Semaphore::new(1));
-        let permit = slots.clone().acquire_owned().await.unwrap();
+        let slots = crate::admission::Admission::new(1, 0, Duration::from_secs(1), None);
+        let permit =
+            slots.admit(Instant::now() + Duration::from_secs(1), &CancellationToken::new()).await.unwrap();
         let stall = Duration::from_millis(200);
         let mut bounded = Bounded::new(
             Box::pin(inner),
@@ -199,7 +198,7 @@ mod tests {
         let batch = RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![1]))]).unwrap();
         tx.send(Ok(batch)).await.unwrap();
         tokio::time::sleep(stall * 5).await;
-        assert_eq!(slots.available_permits(), 1, "the slot is still held");
+        assert_eq!(slots.running(), 0, "the slot is still held");
         let next = bounded.next().await.unwrap();
         assert!(next.unwrap_err().to_string().contains("--write-timeout"));
     }

@@ -339,6 +339,8 @@ impl PhysicalOptimizerRule for Distribute {
         }
         // A build side's values reach its probe side's scans in memory, so never across processes.
         let plan = crate::join_sides::without_join_sides(plan)?;
+        // A capped partial aggregation's two nodes have no encoding; workers run it uncapped.
+        let plan = crate::bounded_partials::without_bounded_partials(plan)?;
         let distributed = DistributedPhysicalOptimizerRule.optimize(Arc::clone(&plan), config)?;
         if Arc::ptr_eq(&distributed, &plan) {
             return Ok(plan);

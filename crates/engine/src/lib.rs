@@ -3,6 +3,7 @@
 
 pub mod admission;
 mod bounded_functions;
+mod bounded_partials;
 mod coalesce;
 mod constant_group_keys;
 mod count_distinct;
@@ -284,6 +285,9 @@ pub struct Tuning {
     pub workers: Vec<url::Url>,
     /// Sent to workers as a bearer token (`--worker-token`).
     pub worker_token: Option<String>,
+    /// Run on a thread of its own each time the last running query ends (the binary gives
+    /// the allocator's freed memory back to the system).
+    pub when_idle: Option<fn()>,
 }
 
 /// What a planned but not started query returns and takes.
@@ -350,7 +354,8 @@ impl Engine {
         );
         physical
             .register_catalog(CATALOG, system::with_system_schema(lake.catalog_provider(Names::Physical)));
-        let admission = Admission::new(limits.max_concurrent, limits.max_queued, limits.queue_timeout);
+        let admission =
+            Admission::new(limits.max_concurrent, limits.max_queued, limits.queue_timeout, tuning.when_idle);
         let runtime = QueryRuntime::new()?;
         let planner = Planner {
             ctx,
@@ -488,7 +493,7 @@ impl Engine {
     }
 
     /// A slot to plan or run a query in, unless skiff is draining.
-    async fn admit(&self, deadline: tokio::time::Instant) -> Result<tokio::sync::OwnedSemaphorePermit> {
+    async fn admit(&self, deadline: tokio::time::Instant) -> Result<admission::Permit> {
         if self.is_draining() {
             return Err(QueryError::ShuttingDown("no new queries are accepted; retry".into()));
         }
@@ -501,9 +506,9 @@ impl Engine {
     /// next await.
     async fn on_query_runtime<T: Send + 'static>(
         &self,
-        permit: tokio::sync::OwnedSemaphorePermit,
+        permit: admission::Permit,
         work: impl std::future::Future<Output = Result<T>> + Send + 'static,
-    ) -> Result<(T, tokio::sync::OwnedSemaphorePermit)> {
+    ) -> Result<(T, admission::Permit)> {
         use tracing::Instrument;
         let work = async move { unwinding(work).await.map(|done| (done, permit)) };
         let mut task = AbortOnDrop(self.runtime.handle().spawn(work.instrument(tracing::Span::current())));

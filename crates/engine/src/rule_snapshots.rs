@@ -169,3 +169,9 @@ snapshot!(
      WHERE l.customer = c.customer AND l.supplier = s.supplier AND c.nation = s.nation \
      AND s.nation = n.nation AND n.region = 0 GROUP BY n.nation"
 );
+
+snapshot!(
+    a_partial_aggregation_is_capped,
+    ["bounded_partials"],
+    "SELECT customer, count(*) AS lines FROM lines GROUP BY customer"
+);
