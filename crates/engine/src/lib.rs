@@ -6,6 +6,7 @@ mod bounded_functions;
 mod bounded_partials;
 mod coalesce;
 mod constant_group_keys;
+mod constant_join_keys;
 mod count_distinct;
 mod date_trunc;
 pub mod deadline;

@@ -175,3 +175,10 @@ snapshot!(
     ["bounded_partials"],
     "SELECT customer, count(*) AS lines FROM lines GROUP BY customer"
 );
+
+snapshot!(
+    a_join_key_both_sides_fix_is_dropped,
+    ["constant_join_keys"],
+    "SELECT a.event, b.event AS later FROM events a JOIN events b ON a.device = b.device AND a.project = b.project \
+     WHERE a.project = 'p1' AND b.ts > a.ts"
+);

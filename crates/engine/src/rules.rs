@@ -69,6 +69,12 @@ pub const RULES: &[Rule] = &[
          (open); goes when scalar functions are pushed through joins to the scan",
     ),
     rule(
+        "constant_join_keys",
+        "a hash join's key pair that both inputs fix to the same value is dropped from its keys",
+        "no DataFusion rule or issue; goes when DataFusion's join planning drops key pairs its \
+         equivalence properties fix, and unique_people is no slower with this rule off",
+    ),
+    rule(
         "whole_partition_windows",
         "lead/lag/row_number over sorted partitions, many at a time",
         "datafusion#23982, BoundedWindowAggExec slow for many partitions (closed by a series of \
@@ -356,6 +362,12 @@ fn physical(off: &Disabled) -> Vec<PhysicalRule> {
         Arc::new(OutputRequirements::new_add_mode()),
         Arc::new(AggregateStatistics::new()),
         Arc::new(JoinSelection::new()),
+    ];
+    // Once joins have their build sides, before their inputs are partitioned by their keys.
+    if off.is_on("constant_join_keys") {
+        rules.push(Arc::new(super::constant_join_keys::ConstantJoinKeys));
+    }
+    rules.extend::<[PhysicalRule; 14]>([
         Arc::new(LimitedDistinctAggregation::new()),
         Arc::new(FilterPushdown::new()),
         Arc::new(EnforceDistribution::new()),
@@ -370,7 +382,7 @@ fn physical(off: &Disabled) -> Vec<PhysicalRule> {
         Arc::new(ProjectionPushdown::new()),
         Arc::new(PushdownSort::new()),
         Arc::new(EnsureCooperative::new()),
-    ];
+    ]);
     // Once sorts are placed, before the last filter push-down adds dynamic filters, which
     // must find the window nodes already in their final form.
     if off.is_on("whole_partition_windows") {
