@@ -15,7 +15,7 @@ use crate::error::QueryError;
 /// Concurrency admission: a query runs with a permit; without one it waits in a bounded
 /// queue for a bounded time, else it is turned away (429) so clients back off.
 pub struct Admission {
-    idle: Arc<Idle>,
+    slots: Arc<Slots>,
     waiting: AtomicUsize,
     max_waiting: usize,
     max_wait: Duration,
@@ -24,41 +24,41 @@ pub struct Admission {
 /// A running query's slot, given back when dropped.
 pub struct Permit {
     permit: Option<OwnedSemaphorePermit>,
-    idle: Arc<Idle>,
+    slots: Arc<Slots>,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         drop(self.permit.take());
-        self.idle.check();
+        self.slots.check();
     }
 }
 
 /// The slots, and what runs when the last running query ends.
-struct Idle {
+struct Slots {
     permits: Arc<Semaphore>,
     max_running: usize,
     when_idle: Option<fn()>,
-    running_hook: Arc<AtomicBool>,
+    hook_running: Arc<AtomicBool>,
 }
 
-impl Idle {
+impl Slots {
     /// Runs the hook on a thread of its own when no query runs, unless it is still running
     /// from the last time.
     fn check(&self) {
         let Some(hook) = self.when_idle else { return };
         if self.permits.available_permits() != self.max_running
-            || self.running_hook.swap(true, Ordering::SeqCst)
+            || self.hook_running.swap(true, Ordering::SeqCst)
         {
             return;
         }
-        let running = Arc::clone(&self.running_hook);
+        let running = Arc::clone(&self.hook_running);
         let spawned = std::thread::Builder::new().name("skiff-idle".into()).spawn(move || {
             hook();
             running.store(false, Ordering::SeqCst);
         });
         if spawned.is_err() {
-            self.running_hook.store(false, Ordering::SeqCst);
+            self.hook_running.store(false, Ordering::SeqCst);
         }
     }
 }
@@ -67,17 +67,17 @@ impl Admission {
     /// `when_idle` runs each time the last running query ends.
     pub fn new(max_running: usize, max_waiting: usize, max_wait: Duration, when_idle: Option<fn()>) -> Self {
         let max_running = max_running.max(1);
-        let idle = Idle {
+        let slots = Slots {
             permits: Arc::new(Semaphore::new(max_running)),
             max_running,
             when_idle,
-            running_hook: Arc::new(AtomicBool::new(false)),
+            hook_running: Arc::new(AtomicBool::new(false)),
         };
-        Self { idle: Arc::new(idle), waiting: AtomicUsize::new(0), max_waiting, max_wait }
+        Self { slots: Arc::new(slots), waiting: AtomicUsize::new(0), max_waiting, max_wait }
     }
 
     fn permit(&self, permit: OwnedSemaphorePermit) -> Permit {
-        Permit { permit: Some(permit), idle: Arc::clone(&self.idle) }
+        Permit { permit: Some(permit), slots: Arc::clone(&self.slots) }
     }
 
     /// Waits for a permit until `deadline` or the queue timeout, whichever comes first, or
@@ -100,7 +100,7 @@ impl Admission {
         deadline: Instant,
         shutdown: &CancellationToken,
     ) -> Result<OwnedSemaphorePermit, QueryError> {
-        if let Ok(p) = self.idle.permits.clone().try_acquire_owned() {
+        if let Ok(p) = self.slots.permits.clone().try_acquire_owned() {
             return Ok(p);
         }
         if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_waiting {
@@ -113,7 +113,7 @@ impl Admission {
         }
         let until = deadline.min(Instant::now() + self.max_wait);
         let got = tokio::select! {
-            got = tokio::time::timeout_at(until, self.idle.permits.clone().acquire_owned()) => Some(got),
+            got = tokio::time::timeout_at(until, self.slots.permits.clone().acquire_owned()) => Some(got),
             _ = shutdown.cancelled() => None,
         };
         self.waiting.fetch_sub(1, Ordering::SeqCst);
@@ -130,7 +130,7 @@ impl Admission {
     }
 
     pub fn running(&self) -> usize {
-        self.idle.max_running - self.idle.permits.available_permits()
+        self.slots.max_running - self.slots.permits.available_permits()
     }
 }
 
