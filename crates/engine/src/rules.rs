@@ -367,7 +367,7 @@ fn physical(off: &Disabled) -> Vec<PhysicalRule> {
     if off.is_on("constant_join_keys") {
         rules.push(Arc::new(super::constant_join_keys::ConstantJoinKeys));
     }
-    rules.extend::<[PhysicalRule; 14]>([
+    let rest: Vec<PhysicalRule> = vec![
         Arc::new(LimitedDistinctAggregation::new()),
         Arc::new(FilterPushdown::new()),
         Arc::new(EnforceDistribution::new()),
@@ -382,7 +382,8 @@ fn physical(off: &Disabled) -> Vec<PhysicalRule> {
         Arc::new(ProjectionPushdown::new()),
         Arc::new(PushdownSort::new()),
         Arc::new(EnsureCooperative::new()),
-    ]);
+    ];
+    rules.extend(rest);
     // Once sorts are placed, before the last filter push-down adds dynamic filters, which
     // must find the window nodes already in their final form.
     if off.is_on("whole_partition_windows") {

@@ -10,7 +10,15 @@ use datafusion::execution::memory_pool::FairSpillPool;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::SessionContext;
 
-use super::rules::Disabled;
+use super::rules::{Disabled, RULES};
+
+/// Every skiff rule off but those named in `on`.
+pub fn only(on: &[&str]) -> Disabled {
+    assert!(on.iter().all(|n| RULES.iter().any(|r| r.name == *n)), "{on:?} are not all rules");
+    let others: Vec<String> =
+        RULES.iter().filter(|r| !on.contains(&r.name)).map(|r| r.name.to_string()).collect();
+    Disabled::parse(&others).unwrap()
+}
 
 /// skiff's session with 4 partitions, a memory pool of `memory` bytes and the `disabled`
 /// rules off, with `tables` registered (each split into batches of at most 1,000 rows over
