@@ -341,6 +341,8 @@ impl PhysicalOptimizerRule for Distribute {
         let plan = crate::join_sides::without_join_sides(plan)?;
         // A capped partial aggregation's two nodes have no encoding; workers run it uncapped.
         let plan = crate::bounded_partials::without_bounded_partials(plan)?;
+        // A NOT IN's subquery notes what it had for the gate over the join, in memory.
+        let plan = crate::not_in::without_not_in_gates(plan)?;
         let distributed = DistributedPhysicalOptimizerRule.optimize(Arc::clone(&plan), config)?;
         if Arc::ptr_eq(&distributed, &plan) {
             return Ok(plan);

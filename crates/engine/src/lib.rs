@@ -20,6 +20,7 @@ mod group_keys;
 mod hashed_windows;
 mod join_sides;
 mod json;
+mod not_in;
 pub mod memory;
 pub mod panics;
 pub mod queries;

@@ -179,3 +179,10 @@ snapshot!(
     "SELECT a.event, b.event AS later FROM events a JOIN events b ON a.device = b.device AND a.project = b.project \
      WHERE a.project = 'p1' AND b.ts > a.ts"
 );
+
+snapshot!(
+    a_not_in_builds_from_its_smaller_subquery,
+    ["not_in_builds_subquery"],
+    "SELECT c.nation, count(*) AS n FROM lines l JOIN customers c ON l.customer = c.customer \
+     WHERE nullif(l.supplier, 0) NOT IN (SELECT nullif(supplier, 0) FROM suppliers WHERE nation = 2) GROUP BY c.nation"
+);

@@ -75,6 +75,14 @@ pub const RULES: &[Rule] = &[
          equivalence properties fix, and unique_people is no slower with this rule off",
     ),
     rule(
+        "not_in_builds_subquery",
+        "a NOT IN's hash table is built from its subquery when that is the smaller input, and \
+         the outer rows stream past it",
+        "DataFusion's null-aware anti join keeps the outer input as its build side (JoinSelection \
+         never swaps one); no issue filed; goes when DataFusion builds a NOT IN from its subquery \
+         and TPC-H q16 at SF10 is no slower with this rule off",
+    ),
+    rule(
         "whole_partition_windows",
         "lead/lag/row_number over sorted partitions, many at a time",
         "datafusion#23982, BoundedWindowAggExec slow for many partitions (closed by a series of \
@@ -366,6 +374,10 @@ fn physical(off: &Disabled) -> Vec<PhysicalRule> {
     // Once joins have their build sides, before their inputs are partitioned by their keys.
     if off.is_on("constant_join_keys") {
         rules.push(Arc::new(super::constant_join_keys::ConstantJoinKeys));
+    }
+    // Where JoinSelection would swap a join's inputs, before the build side is collected.
+    if off.is_on("not_in_builds_subquery") {
+        rules.push(Arc::new(super::not_in::NotInBuildsSubquery));
     }
     let rest: Vec<PhysicalRule> = vec![
         Arc::new(LimitedDistinctAggregation::new()),
