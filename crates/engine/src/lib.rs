@@ -20,10 +20,11 @@ mod group_keys;
 mod hashed_windows;
 mod join_sides;
 mod json;
-mod not_in;
 pub mod memory;
+mod not_in;
 pub mod panics;
 pub mod queries;
+mod range_selectivity;
 pub mod readonly;
 pub mod results;
 #[cfg(test)]

@@ -108,8 +108,8 @@ fn swapped(join: &HashJoinExec) -> Result<Arc<dyn ExecutionPlan>> {
         key: Arc::clone(sub_key),
         seen: Arc::clone(&seen),
     });
-    // Every column of the outer input: the gate reads the key, then projects.
-    // A new join (not `join.builder()`, which would share the old join's build).
+    // A new join (`join.builder()` would share the old join's build), giving every column of
+    // the outer input: the gate reads the key, then projects.
     let anti = HashJoinExec::try_new(
         sub,
         Arc::clone(join.left()),
@@ -304,7 +304,8 @@ impl NotInGate {
         let mut properties = input.properties().as_ref().clone();
         if let Some(p) = &projection {
             let schema = Arc::new(input.schema().project(p)?);
-            let mapping = datafusion::physical_expr::projection::ProjectionMapping::from_indices(p, &input.schema())?;
+            let mapping =
+                datafusion::physical_expr::projection::ProjectionMapping::from_indices(p, &input.schema())?;
             properties = PlanProperties::new(
                 properties.eq_properties.project(&mapping, Arc::clone(&schema)),
                 properties.partitioning.project(&mapping, &properties.eq_properties),
@@ -493,8 +494,9 @@ mod tests {
             let back = without_not_in_gates(Arc::clone(&plan)).unwrap();
             assert!(!gated(&back));
             assert!(!back.exists(|n| Ok(n.as_any().is::<SubquerySeen>())).unwrap());
-            let null_aware =
-                back.exists(|n| Ok(n.as_any().downcast_ref::<HashJoinExec>().is_some_and(|j| j.null_aware))).unwrap();
+            let null_aware = back
+                .exists(|n| Ok(n.as_any().downcast_ref::<HashJoinExec>().is_some_and(|j| j.null_aware)))
+                .unwrap();
             assert!(null_aware, "{}", displayable(back.as_ref()).indent(false));
             let show = |b: Vec<RecordBatch>| {
                 let text = pretty_format_batches(&b).unwrap().to_string();

@@ -6,7 +6,8 @@
 //! differential tests with all rules on against all off. Rules that only replace a function's
 //! implementation or an expression's (`date_trunc_fixed_units`, `coalesce_views`,
 //! `json_once_per_document`, `string_equalities`) leave the plan's text as it was, and the
-//! scan's rules need Parquet files (`tests/plan_rules.rs`).
+//! scan's rules need Parquet files (`tests/plan_rules.rs`), as `range_selectivity` needs a
+//! table's bounds (its tests plan over a demo lake).
 
 use std::sync::Arc;
 
