@@ -40,9 +40,11 @@ use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExprRef;
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -97,7 +99,7 @@ fn smaller(join: &HashJoinExec) -> Result<bool> {
 }
 
 /// The null-aware `LeftAnti` join `join` as an ordinary `RightAnti` join built from the
-/// subquery, under a [`NotInGate`].
+/// subquery, under a [`NotInGate`] and the join's own projection.
 fn swapped(join: &HashJoinExec) -> Result<Arc<dyn ExecutionPlan>> {
     let [(outer_key, sub_key)] = join.on() else {
         return internal_err!("a null-aware anti join has one key");
@@ -109,7 +111,7 @@ fn swapped(join: &HashJoinExec) -> Result<Arc<dyn ExecutionPlan>> {
         seen: Arc::clone(&seen),
     });
     // A new join (`join.builder()` would share the old join's build), giving every column of
-    // the outer input: the gate reads the key, then projects.
+    // the outer input: the gate reads the key.
     let anti = HashJoinExec::try_new(
         sub,
         Arc::clone(join.left()),
@@ -121,8 +123,15 @@ fn swapped(join: &HashJoinExec) -> Result<Arc<dyn ExecutionPlan>> {
         join.null_equality(),
         false,
     )?;
-    let projection = join.projection.as_ref().map(|p| p.to_vec());
-    Ok(Arc::new(NotInGate::new(Arc::new(anti), Arc::clone(outer_key), projection, seen)?))
+    let gate: Arc<dyn ExecutionPlan> = Arc::new(NotInGate::new(Arc::new(anti), Arc::clone(outer_key), seen)?);
+    // Then the `NOT IN` join's own projection.
+    let Some(projection) = &join.projection else { return Ok(gate) };
+    let schema = gate.schema();
+    let columns = projection.iter().map(|&i| {
+        let name = schema.field(i).name();
+        (Arc::new(Column::new(name, i)) as PhysicalExprRef, name.clone())
+    });
+    Ok(Arc::new(ProjectionExec::try_new(columns, gate)?))
 }
 
 /// `plan` with every `NOT IN` this rule built turned back into DataFusion's null-aware anti
@@ -151,7 +160,7 @@ pub fn without_not_in_gates(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn Exec
             vec![(Arc::clone(outer_key), Arc::clone(sub_key))],
             None,
             &JoinType::LeftAnti,
-            gate.projection.clone(),
+            None,
             PartitionMode::CollectLeft,
             anti.null_equality(),
             true,
@@ -277,53 +286,30 @@ fn noted(build: &Arc<dyn ExecutionPlan>) -> Result<&SubquerySeen> {
 }
 
 /// Over the ordinary anti join: every row goes when the subquery had a NULL, rows whose
-/// outer key is NULL go when it had any row; then the `NOT IN` join's own projection.
+/// outer key is NULL go when it had any row.
 #[derive(Debug)]
 pub struct NotInGate {
     input: Arc<dyn ExecutionPlan>,
     /// The outer key, over the anti join's output (the outer input's columns).
     key: PhysicalExprRef,
-    projection: Option<Vec<usize>>,
     /// Partitions the subquery has: all of them ended before the gate passes a row.
     partitions: usize,
     seen: Arc<Seen>,
-    properties: Arc<PlanProperties>,
 }
 
 impl NotInGate {
-    fn new(
-        input: Arc<dyn ExecutionPlan>,
-        key: PhysicalExprRef,
-        projection: Option<Vec<usize>>,
-        seen: Arc<Seen>,
-    ) -> Result<Self> {
+    fn new(input: Arc<dyn ExecutionPlan>, key: PhysicalExprRef, seen: Arc<Seen>) -> Result<Self> {
         let Some(anti) = input.as_any().downcast_ref::<HashJoinExec>() else {
             return internal_err!("NotInGate is over its anti join");
         };
         let partitions = noted(anti.left())?.input.output_partitioning().partition_count();
-        let mut properties = input.properties().as_ref().clone();
-        if let Some(p) = &projection {
-            let schema = Arc::new(input.schema().project(p)?);
-            let mapping =
-                datafusion::physical_expr::projection::ProjectionMapping::from_indices(p, &input.schema())?;
-            properties = PlanProperties::new(
-                properties.eq_properties.project(&mapping, Arc::clone(&schema)),
-                properties.partitioning.project(&mapping, &properties.eq_properties),
-                properties.emission_type,
-                properties.boundedness,
-            );
-        }
-        Ok(Self { input, key, projection, partitions, seen, properties: Arc::new(properties) })
+        Ok(Self { input, key, partitions, seen })
     }
 }
 
 impl DisplayAs for NotInGate {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "NotInGate: key={}", self.key)?;
-        if let Some(p) = &self.projection {
-            write!(f, ", projection={p:?}")?;
-        }
-        Ok(())
+        write!(f, "NotInGate: key={}", self.key)
     }
 }
 
@@ -337,7 +323,7 @@ impl ExecutionPlan for NotInGate {
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
+        self.input.properties()
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
@@ -354,34 +340,24 @@ impl ExecutionPlan for NotInGate {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let [input] = <[_; 1]>::try_from(children)
             .map_err(|_| DataFusionError::Internal("NotInGate has one child".into()))?;
-        Ok(Arc::new(Self::new(
-            input,
-            Arc::clone(&self.key),
-            self.projection.clone(),
-            Arc::clone(&self.seen),
-        )?))
+        Ok(Arc::new(Self::new(input, Arc::clone(&self.key), Arc::clone(&self.seen))?))
     }
 
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let input = self.input.execute(partition, ctx)?;
-        let (key, projection, seen, partitions) =
-            (Arc::clone(&self.key), self.projection.clone(), Arc::clone(&self.seen), self.partitions);
+        let (key, seen, partitions) = (Arc::clone(&self.key), Arc::clone(&self.seen), self.partitions);
         let gated = input.map(move |batch| {
             let batch = batch?;
             if seen.ended.load(Ordering::Acquire) < partitions {
                 return internal_err!("NOT IN: the anti join gave rows before its subquery ended");
             }
-            let batch = if seen.nulls.load(Ordering::Acquire) {
+            Ok(if seen.nulls.load(Ordering::Acquire) {
                 batch.slice(0, 0)
             } else if seen.rows.load(Ordering::Acquire) {
                 let key = key.evaluate(&batch)?.into_array(batch.num_rows())?;
                 filter_record_batch(&batch, &is_not_null(&key)?)?
             } else {
                 batch
-            };
-            Ok(match &projection {
-                Some(p) => batch.project(p)?,
-                None => batch,
             })
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(self.schema(), gated)))
@@ -478,6 +454,54 @@ mod tests {
         assert_eq!(count("small").await, kept);
         assert_eq!(count("small_null").await, 0);
         assert_eq!(count("none").await, 3000);
+    }
+
+    /// A join that projects its output keeps its projection, over the gate (DataFusion's
+    /// planner gives joins no projection before this rule runs; a later rule could).
+    #[tokio::test]
+    async fn the_joins_own_projection_goes_over_the_gate() {
+        use datafusion::datasource::memory::MemorySourceConfig;
+        use datafusion::physical_expr::expressions::col;
+
+        let [outer, small, small_null, none] =
+            <[RecordBatch; 4]>::try_from(tables().into_iter().map(|(_, b)| b).collect::<Vec<_>>()).unwrap();
+        let ctx = datafusion::prelude::SessionContext::new().task_ctx();
+        for sub in [small, small_null, none] {
+            let scan = |b: &RecordBatch| {
+                MemorySourceConfig::try_new_exec(&[vec![b.clone()]], b.schema(), None).unwrap()
+            };
+            let (outer, sub) = (scan(&outer), scan(&sub));
+            let on = vec![(col("k", &outer.schema()).unwrap(), col("k", &sub.schema()).unwrap())];
+            let join: Arc<dyn ExecutionPlan> = Arc::new(
+                HashJoinExec::try_new(
+                    outer,
+                    sub,
+                    on,
+                    None,
+                    &JoinType::LeftAnti,
+                    Some(vec![1]),
+                    PartitionMode::CollectLeft,
+                    datafusion::common::NullEquality::NullEqualsNothing,
+                    true,
+                )
+                .unwrap(),
+            );
+            let ours = NotInBuildsSubquery.optimize(Arc::clone(&join), &ConfigOptions::default()).unwrap();
+            let projected =
+                ours.as_any().downcast_ref::<datafusion::physical_plan::projection::ProjectionExec>();
+            assert!(projected.is_some_and(|p| p.input().as_any().is::<NotInGate>()));
+            assert_eq!(ours.schema(), join.schema());
+            // The rows, sorted: no batch and an empty one are the same answer.
+            let show = |b: Vec<RecordBatch>| {
+                let all = arrow::compute::concat_batches(&join.schema(), &b).unwrap();
+                let text = pretty_format_batches(&[all]).unwrap().to_string();
+                let mut lines: Vec<String> = text.lines().map(String::from).collect();
+                lines.sort();
+                lines
+            };
+            let theirs = show(collect(Arc::clone(&join), Arc::clone(&ctx)).await.unwrap());
+            assert_eq!(show(collect(ours, Arc::clone(&ctx)).await.unwrap()), theirs);
+        }
     }
 
     /// A plan that leaves the process gets DataFusion's null-aware join back, and answers the same.

@@ -47,8 +47,13 @@ impl PhysicalOptimizerRule for RangeSelectivity {
             let Some(filter) = node.as_any().downcast_ref::<FilterExec>() else {
                 return Ok(Transformed::no(node));
             };
+            // The input's statistics only for a filter of ranges: they are computed over its
+            // whole subtree.
+            let Some(conditions) = conditions(filter) else {
+                return Ok(Transformed::no(node));
+            };
             let stats = filter.input().partition_statistics(None)?;
-            let Some(share) = share(filter, &stats) else {
+            let Some(share) = share(&conditions, &stats) else {
                 return Ok(Transformed::no(node));
             };
             let percent = (share * 100.0).ceil().clamp(1.0, 100.0) as u8;
@@ -70,43 +75,58 @@ impl PhysicalOptimizerRule for RangeSelectivity {
     }
 }
 
-/// The share of rows `filter`'s ranges leave, when every condition is a range over a
-/// date, timestamp or decimal column with bounds in `stats`.
-fn share(filter: &FilterExec, stats: &Statistics) -> Option<f64> {
-    // Per column: its bounds, then narrowed by each condition on it.
-    let mut ranges: Vec<(usize, f64, f64, f64, f64)> = Vec::new();
+/// `filter`'s conditions as (column, comparison, value), when every one compares a date,
+/// timestamp or decimal column with a literal of its type.
+fn conditions(filter: &FilterExec) -> Option<Vec<(usize, Operator, f64)>> {
     let schema = filter.input().schema();
-    for condition in split_conjunction(filter.predicate()) {
-        let (column, op, value) = comparison(condition)?;
-        if schema.fields().get(column.index())?.data_type() != &value.data_type() {
-            return None;
-        }
-        let value = number(value)?;
-        let i = column.index();
-        let range = match ranges.iter_mut().find(|r| r.0 == i) {
-            Some(r) => r,
+    split_conjunction(filter.predicate())
+        .into_iter()
+        .map(|condition| {
+            let (column, op, value) = comparison(condition)?;
+            if schema.fields().get(column.index())?.data_type() != &value.data_type() {
+                return None;
+            }
+            Some((column.index(), op, number(value)?))
+        })
+        .collect()
+}
+
+/// A column's bounds in the statistics, and the part of them the conditions leave.
+struct Range {
+    column: usize,
+    min: f64,
+    max: f64,
+    low: f64,
+    high: f64,
+}
+
+/// The share of rows `conditions` leave, when each column they compare has bounds in `stats`.
+fn share(conditions: &[(usize, Operator, f64)], stats: &Statistics) -> Option<f64> {
+    let mut ranges: Vec<Range> = Vec::new();
+    for &(column, op, value) in conditions {
+        let range = match ranges.iter().position(|r| r.column == column) {
+            Some(i) => &mut ranges[i],
             None => {
-                let c = stats.column_statistics.get(i)?;
+                let c = stats.column_statistics.get(column)?;
                 let (min, max) = (number(c.min_value.get_value()?)?, number(c.max_value.get_value()?)?);
-                ranges.push((i, min, max, min, max));
+                ranges.push(Range { column, min, max, low: min, high: max });
                 ranges.last_mut()?
             }
         };
-        let (low, high) = (&mut range.3, &mut range.4);
         match op {
             // Values are whole units of the column (days, ticks, the decimal's last digit).
-            Operator::Gt => *low = low.max(value + 1.0),
-            Operator::GtEq => *low = low.max(value),
-            Operator::Lt => *high = high.min(value - 1.0),
-            Operator::LtEq => *high = high.min(value),
-            Operator::Eq => (*low, *high) = (low.max(value), high.min(value)),
+            Operator::Gt => range.low = range.low.max(value + 1.0),
+            Operator::GtEq => range.low = range.low.max(value),
+            Operator::Lt => range.high = range.high.min(value - 1.0),
+            Operator::LtEq => range.high = range.high.min(value),
+            Operator::Eq => (range.low, range.high) = (range.low.max(value), range.high.min(value)),
             _ => return None,
         }
     }
     if ranges.is_empty() {
         return None;
     }
-    Some(ranges.iter().map(|&(_, min, max, low, high)| covered(min, max, low, high)).product())
+    Some(ranges.iter().map(|r| covered(r.min, r.max, r.low, r.high)).product())
 }
 
 /// The share of `[min, max]` that `[low, high]` covers; a single value counts as one unit
@@ -185,7 +205,7 @@ mod tests {
             datafusion::common::stats::Precision::Exact(ScalarValue::Date32(Some(0)));
         stats.column_statistics[0].max_value =
             datafusion::common::stats::Precision::Inexact(ScalarValue::Date32(Some(999)));
-        share(&filter, &stats)
+        share(&conditions(&filter)?, &stats)
     }
 
     fn day(d: i32) -> Arc<dyn PhysicalExpr> {
